@@ -1,0 +1,321 @@
+"""The link model: one definition of inter-stage delay shared by the simulator and the emulator.
+
+The simulator (``simulate``) uses it to predict iteration time; the link emulator
+(``titan_morph.comm.emulator``) uses the very same objects to delay real messages, so predicted
+and measured iteration times are comparable (architecture contract).
+
+Semantics (documented once, here):
+
+* Link ``i`` joins stage ``i`` and ``i+1``. Direction ``"fwd"`` carries activations
+  ``i → i+1``; ``"bwd"`` carries gradients ``i+1 → i``.
+* A message accepted on a link at time ``t`` with delay ``c`` is delivered at ``t + c``, and
+  never before an earlier message on the same (link, direction): links are FIFO.
+* ``LinkQueue(depth=d)`` models the default (NCCL-like) transport: at most ``d`` messages are in
+  flight (accepted, not yet delivered) per (link, direction); issuing a send while ``d`` are in
+  flight blocks the caller until the oldest one is delivered. ``depth=None`` models a decoupled
+  (delegated) transport: sends never block the caller.
+* A delay of ``math.inf`` means the link is down: :class:`LinkDownError`.
+* Delay models are functions of (link, direction, time since the run's epoch in ms, step), so one
+  model serves static delays, the paper's random stragglers (§7.2) and trace replay (§7.5).
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import math
+import random
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DIRECTIONS = ("fwd", "bwd")
+
+
+class LinkDownError(RuntimeError):
+    """A message was sent on a link whose delay is infinite (the link is down)."""
+
+    def __init__(self, link: int, direction: str, when: str = "") -> None:
+        self.link = link
+        self.direction = direction
+        super().__init__(f"pipeline link {link} ({link}<->{link + 1}, {direction}) is down{when}")
+
+
+def _check_direction(direction: str) -> None:
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+
+
+class LinkModel:
+    """Base class: delay in ms of a message accepted on ``link``/``direction`` at ``t_ms``/``step``."""
+
+    num_links: int
+
+    def delay_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
+        raise NotImplementedError
+
+    def snapshot(self, t_ms: float = 0.0, step: int = 0) -> tuple[float, ...]:
+        """Per-link delay (max over directions) at one instant: what a planner would assume."""
+        return tuple(max(self.delay_ms(link, d, t_ms, step) for d in DIRECTIONS) for link in range(self.num_links))
+
+
+@dataclass
+class StaticDelays(LinkModel):
+    """Constant per-link delays; ``bwd`` defaults to ``fwd`` (symmetric link)."""
+
+    fwd: tuple[float, ...]
+    bwd: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        self.fwd = tuple(float(d) for d in self.fwd)
+        self.bwd = self.fwd if self.bwd is None else tuple(float(d) for d in self.bwd)
+        if len(self.bwd) != len(self.fwd):
+            raise ValueError(f"bwd delays need {len(self.fwd)} values (one per link), got {len(self.bwd)}")
+        for d in self.fwd + self.bwd:
+            if not d >= 0:
+                raise ValueError(f"link delays must be >= 0 ms (inf = link down), got {d}")
+        self.num_links = len(self.fwd)
+
+    @classmethod
+    def zeros(cls, num_links: int) -> StaticDelays:
+        return cls((0.0,) * num_links)
+
+    def delay_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
+        _check_direction(direction)
+        return (self.fwd if direction == "fwd" else self.bwd)[link]  # type: ignore[index]
+
+
+@dataclass
+class RandomDelays(LinkModel):
+    """Paper §7.2 dynamic stragglers: each link's delay ~ N(mean, std) ms (clipped at 0),
+    re-drawn at intervals ~ U(low, high) ms. Deterministic for a seed, so every rank and the
+    simulator see the same delay at the same time. Both directions share the link's delay.
+    """
+
+    num_links: int
+    mean: float
+    std: float
+    interval: tuple[float, float]
+    seed: int = 0
+    links: tuple[int, ...] | None = None  # which links straggle; None = all
+    _change_times: list[list[float]] = field(default_factory=list, init=False, repr=False)
+    _values: list[list[float]] = field(default_factory=list, init=False, repr=False)
+    _rngs: list[random.Random] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        low, high = self.interval
+        if not (0 < low <= high):
+            raise ValueError(f"interval must satisfy 0 < low <= high ms, got {self.interval}")
+        if self.mean < 0 or self.std < 0:
+            raise ValueError(f"mean and std must be >= 0 ms, got mean={self.mean} std={self.std}")
+        active = set(range(self.num_links) if self.links is None else self.links)
+        for link in active:
+            if not 0 <= link < self.num_links:
+                raise ValueError(f"link {link} out of range 0..{self.num_links - 1}")
+        self._rngs = [random.Random(f"{self.seed}:{link}") for link in range(self.num_links)]
+        self._change_times = [[0.0] for _ in range(self.num_links)]
+        self._values = [[self._draw(link) if link in active else 0.0] for link in range(self.num_links)]
+        self._active = active
+
+    def _draw(self, link: int) -> float:
+        return max(0.0, self._rngs[link].gauss(self.mean, self.std))
+
+    def delay_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
+        _check_direction(direction)
+        if link not in self._active:
+            return 0.0
+        times, values, rng = self._change_times[link], self._values[link], self._rngs[link]
+        while times[-1] <= t_ms:  # extend lazily; the draws depend only on seed and link
+            times.append(times[-1] + rng.uniform(*self.interval))
+            values.append(self._draw(link))
+        return values[bisect.bisect_right(times, t_ms) - 1]
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """From ``at`` (a step, or ms since the epoch) on, ``link`` has ``delay_ms`` in ``direction``."""
+
+    at: float
+    link: int
+    delay_ms: float
+    direction: str = "both"
+
+
+@dataclass
+class TraceDelays(LinkModel):
+    """Trace replay (paper §7.5 / Table 3): piecewise-constant delays keyed by step or time.
+
+    Each event sets the delay of its link from ``at`` until the next event on that link; before the
+    first event a link has no delay. ``key`` is ``"step"`` or ``"time_ms"``.
+    """
+
+    num_links: int
+    events: tuple[TraceEvent, ...]
+    key: str = "step"
+
+    def __post_init__(self) -> None:
+        if self.key not in ("step", "time_ms"):
+            raise ValueError(f"trace key must be 'step' or 'time_ms', got {self.key!r}")
+        self._series: dict[tuple[int, str], tuple[list[float], list[float]]] = {}
+        for ev in sorted(self.events, key=lambda e: e.at):
+            if not 0 <= ev.link < self.num_links:
+                raise ValueError(f"trace event link {ev.link} out of range 0..{self.num_links - 1}")
+            if not ev.delay_ms >= 0:
+                raise ValueError(f"trace event delay must be >= 0 ms (inf = down), got {ev.delay_ms}")
+            dirs = DIRECTIONS if ev.direction == "both" else (ev.direction,)
+            for d in dirs:
+                _check_direction(d)
+                keys, vals = self._series.setdefault((ev.link, d), ([], []))
+                keys.append(float(ev.at))
+                vals.append(float(ev.delay_ms))
+
+    def delay_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
+        _check_direction(direction)
+        series = self._series.get((link, direction))
+        if series is None:
+            return 0.0
+        keys, vals = series
+        k = bisect.bisect_right(keys, step if self.key == "step" else t_ms) - 1
+        return vals[k] if k >= 0 else 0.0
+
+    @classmethod
+    def from_csv(cls, path: str | Path, num_links: int) -> TraceDelays:
+        """Read ``step`` (or ``time_ms``), ``link``, ``delay_ms`` [, ``direction``] columns."""
+        with open(path, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        if not rows:
+            raise ValueError(f"trace {path}: no events")
+        cols = set(rows[0])
+        key = "step" if "step" in cols else "time_ms" if "time_ms" in cols else None
+        if key is None or not {"link", "delay_ms"} <= cols:
+            raise ValueError(f"trace {path}: needs columns step|time_ms, link, delay_ms; got {sorted(cols)}")
+        events = tuple(
+            TraceEvent(float(r[key]), int(r["link"]), float(r["delay_ms"]), r.get("direction") or "both") for r in rows
+        )
+        return cls(num_links, events, key)
+
+    def to_csv(self, path: str | Path) -> None:
+        with open(path, "w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow([self.key, "link", "delay_ms", "direction"])
+            for ev in sorted(self.events, key=lambda e: (e.at, e.link)):
+                writer.writerow([ev.at, ev.link, ev.delay_ms, ev.direction])
+
+
+@dataclass(frozen=True)
+class SendTiming:
+    """When a send was issued by the caller, accepted by the link, and delivered to the peer."""
+
+    issued: float
+    accepted: float
+    delivered: float
+
+    @property
+    def blocked(self) -> float:
+        """How long the caller was blocked (head-of-line blocking)."""
+        return self.accepted - self.issued
+
+
+class LinkQueue:
+    """FIFO of one (link, direction) with at most ``depth`` in-flight messages (None = unbounded).
+
+    ``send`` is a pure function of the history, so the simulator can replay it and the emulator
+    can use it to decide when a real message is released and how long the caller must block.
+    """
+
+    def __init__(self, model: LinkModel, link: int, direction: str, depth: int | None = None) -> None:
+        _check_direction(direction)
+        if depth is not None and depth < 1:
+            raise ValueError(f"link queue depth must be >= 1 (or None for non-blocking), got {depth}")
+        self.model, self.link, self.direction, self.depth = model, link, direction, depth
+        self._in_flight: deque[float] = deque()  # delivery times, non-decreasing
+        self._last_delivery = -math.inf
+
+    def send(self, t_issue: float, step: int = 0) -> SendTiming:
+        """Account one message issued at ``t_issue``; raises :class:`LinkDownError` if the link is down."""
+        accepted = t_issue
+        if self.depth is not None:
+            while self._in_flight and self._in_flight[0] <= t_issue:
+                self._in_flight.popleft()
+            if len(self._in_flight) >= self.depth:
+                accepted = self._in_flight[len(self._in_flight) - self.depth]
+                while self._in_flight and self._in_flight[0] <= accepted:
+                    self._in_flight.popleft()
+        delay = self.model.delay_ms(self.link, self.direction, accepted, step)
+        if math.isinf(delay):
+            raise LinkDownError(self.link, self.direction, f" at t={accepted:.1f} ms, step {step}")
+        delivered = max(accepted + delay, self._last_delivery)
+        self._last_delivery = delivered
+        if self.depth is not None:
+            self._in_flight.append(delivered)
+        return SendTiming(t_issue, accepted, delivered)
+
+
+def table3_trace(num_stages: int = 4, steps: int = 200, paper_stages: int = 8, paper_steps: int = 1100) -> TraceDelays:
+    """The paper's Table 3 straggler trace (adaptra-arxiv appendix), rescaled.
+
+    Steps are scaled by ``steps / paper_steps`` (1100 by default, so the link-down event at
+    paper step 1030 falls inside the run) and the 8-stage links mapped onto
+    ``num_stages - 1`` links proportionally; event 9 (step 1030) takes link 2<->3 of the paper
+    down (``inf``) for good. Overlapping mapped events keep the larger delay.
+    """
+    paper = [  # (start, end, [links as i for i<->i+1], delay ms)
+        (15, 85, [2, 5], 30.0),
+        (120, 190, [0, 6], 40.0),
+        (230, 300, [2, 3], 20.0),
+        (340, 410, [6, 5], 50.0),
+        (450, 520, [1, 6], 60.0),
+        (560, 630, [0, 4], 60.0),
+        (670, 740, [0, 1], 20.0),
+        (780, 850, [2, 4], 40.0),
+        (890, 960, [5], 50.0),
+        (1030, None, [2], math.inf),
+    ]
+    links = num_stages - 1
+    if links < 1:
+        raise ValueError("table3_trace needs at least 2 stages")
+    scale = steps / paper_steps
+
+    def map_link(pl: int) -> int:
+        return min(links - 1, pl * links // (paper_stages - 1))
+
+    # Build per-link interval lists, then flatten into set/reset events.
+    intervals: dict[int, list[tuple[float, float, float]]] = {}
+    for start, end, plinks, delay in paper:
+        s = round(start * scale)
+        e = math.inf if end is None else max(s + 1, round(end * scale))
+        for pl in plinks:
+            intervals.setdefault(map_link(pl), []).append((s, e, delay))
+    events: list[TraceEvent] = []
+    for link, ivs in intervals.items():
+        points = sorted({p for s, e, _ in ivs for p in (s, e) if math.isfinite(p)})
+        prev = None
+        for p in points:
+            active = [d for s, e, d in ivs if s <= p < e]
+            value = max(active) if active else 0.0
+            if value != prev:
+                events.append(TraceEvent(p, link, value))
+                prev = value
+    return TraceDelays(links, tuple(events), key="step")
+
+
+def parse_delays(spec: str | Sequence[float] | None, num_links: int, name: str = "delays") -> tuple[float, ...]:
+    """Parse ``"0,30,inf"`` or a list into ``num_links`` non-negative delays (a scalar broadcasts)."""
+    if spec is None or spec == "":
+        return (0.0,) * num_links
+    parts: Iterable[float | str] = spec.split(",") if isinstance(spec, str) else spec
+    values = []
+    for p in parts:
+        try:
+            values.append(float(p))
+        except ValueError:
+            raise ValueError(f"{name}: {p!r} is not a number of ms (use 'inf' for a link that is down)") from None
+    if len(values) == 1 and num_links > 1:
+        values = values * num_links
+    if len(values) != num_links:
+        raise ValueError(f"{name} needs {num_links} values (one per link), got {len(values)}")
+    for v in values:
+        if not v >= 0:
+            raise ValueError(f"{name} must be >= 0 ms (inf = link down), got {v}")
+    return tuple(values)
