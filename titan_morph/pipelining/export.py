@@ -1,0 +1,396 @@
+"""Export plans and simulated runs: torch ``_Action`` lists, torch CSV, ASCII, Chrome trace, PNG.
+
+A plan is data (architecture contract); this module turns it into what other tools read:
+
+* :func:`to_actions` — torch's schedule IR (``dict[rank, list[_Action]]``, one stage per rank),
+  the form ``_PipelineScheduleRuntime`` executes. torch is imported lazily, only there.
+* :func:`write_csv` / :func:`read_csv` — torch's *compute-only* CSV (one line per rank, actions
+  such as ``0F0,0I0,0W0``), exactly what ``_PipelineScheduleRuntime._load_csv(path,
+  "compute_only")`` and TorchTitan's ``pipeline_parallel_schedule_csv`` read.
+* :func:`format_orders` — a step × rank grid like torch's ``_format_pipeline_order`` for logs.
+* :func:`chrome_trace` / :func:`timeline_png` — pictures of a simulated iteration
+  (``simulate.SimResult``): ops, idle bubbles, head-of-line send blocking (§3.2) and link delays.
+
+Everything except :func:`to_actions` and the matplotlib import inside :func:`timeline_png` is pure
+Python, so the scheduler core can import this module without torch.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .model import KINDS, Op, Order, Plan
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torch.distributed.pipelining.schedules import _Action
+
+    from .simulate import SimResult
+
+PlanOrOrders = Plan | Sequence[Sequence[Op]]
+
+# Token of torch's compute-only CSV: <stage><kind><microbatch>, e.g. "0F0", "3W11".
+_TOKEN_RE = re.compile(r"^(\d+)([A-Z_]+?)(\d*)$")
+_COMM_KINDS = ("UNSHARD", "RESHARD", "REDUCE_GRAD", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "OVERLAP_F_B")
+
+#: Colours per op kind, shared by the PNG and (as names) the Chrome trace.
+COLORS = {"F": "#4e79a7", "I": "#f28e2b", "W": "#59a14f", "B": "#e15759"}
+_CHROME_COLORS = {"F": "thread_state_running", "I": "thread_state_iowait", "W": "good", "B": "terrible"}
+
+
+def _orders_of(plan_or_orders: PlanOrOrders) -> tuple[Order, ...]:
+    """Per-stage orders of a :class:`Plan` or of a sequence of op sequences (strings allowed)."""
+    orders = plan_or_orders.orders if isinstance(plan_or_orders, Plan) else plan_or_orders
+    out = []
+    for stage, order in enumerate(orders):
+        ops = []
+        for op in order:
+            if isinstance(op, str):
+                op = Op.parse(op)
+            elif not isinstance(op, Op):
+                raise TypeError(f"stage {stage}: expected Op or 'F3'-style string, got {type(op).__name__}")
+            ops.append(op)
+        out.append(tuple(ops))
+    return tuple(out)
+
+
+def to_actions(plan_or_orders: PlanOrOrders) -> dict[int, list[_Action]]:
+    """torch schedule IR: rank ``r`` runs stage ``r`` and gets ``_Action(r, kind, mb)`` per op.
+
+    Kinds map to ``_ComputationType``: F → FORWARD, I → BACKWARD_INPUT, W → BACKWARD_WEIGHT,
+    B → FULL_BACKWARD. The result is what ``_PipelineScheduleRuntime.pipeline_order`` holds.
+    """
+    from torch.distributed.pipelining.schedules import _Action, _ComputationType
+
+    kinds = {
+        "F": _ComputationType.FORWARD,
+        "I": _ComputationType.BACKWARD_INPUT,
+        "W": _ComputationType.BACKWARD_WEIGHT,
+        "B": _ComputationType.FULL_BACKWARD,
+    }
+    return {
+        rank: [_Action(rank, kinds[op.kind], op.mb) for op in order]
+        for rank, order in enumerate(_orders_of(plan_or_orders))
+    }
+
+
+def csv_rows(plan_or_orders: PlanOrOrders) -> list[list[str]]:
+    """Rows of the compute-only CSV: row ``r`` holds ``f"{r}{kind}{mb}"`` for rank/stage ``r``."""
+    return [[f"{rank}{op.kind}{op.mb}" for op in order] for rank, order in enumerate(_orders_of(plan_or_orders))]
+
+
+def write_csv(plan_or_orders: PlanOrOrders, path: str | Path) -> Path:
+    """Write torch's compute-only CSV (what ``_load_csv(path, "compute_only")`` reads); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        for row in csv_rows(plan_or_orders):
+            writer.writerow(row)
+    return path
+
+
+def read_csv(path: str | Path) -> tuple[Order, ...]:
+    """Parse a compute-only torch CSV into per-stage orders (line ``r`` = rank ``r`` = stage ``r``).
+
+    Pure Python (no torch). Empty cells (torch writes ``None`` steps as ``""``) are skipped;
+    trailing blank lines are ignored. Anything else that is not ``<stage><F|I|W|B><mb>`` with
+    ``stage == rank`` raises ``ValueError`` naming the file, line and token.
+    """
+    path = Path(path)
+    with open(path, newline="") as fh:
+        rows = list(csv.reader(fh))
+    while rows and not any(cell.strip() for cell in rows[-1]):
+        rows.pop()
+    if not rows:
+        raise ValueError(f"{path}: empty schedule CSV (expected one line of actions per rank, e.g. '0F0,0I0,0W0')")
+    orders: list[Order] = []
+    for rank, row in enumerate(rows):
+        line = rank + 1
+        ops: list[Op] = []
+        for col, cell in enumerate(row, start=1):
+            token = cell.strip()
+            if not token:
+                continue
+            where = f"{path}: line {line}, token {col} {token!r}"
+            match = _TOKEN_RE.match(token)
+            if match is None:
+                raise ValueError(f"{where}: expected <stage><kind><microbatch> such as '{rank}F0'")
+            stage, kind, mb = int(match.group(1)), match.group(2), match.group(3)
+            if kind in _COMM_KINDS:
+                raise ValueError(f"{where}: {kind} is not a compute action; only compute-only CSVs ({'/'.join(KINDS)})")
+            if kind not in KINDS:
+                raise ValueError(f"{where}: unknown action kind {kind!r}, expected one of {'/'.join(KINDS)}")
+            if mb == "":
+                raise ValueError(f"{where}: missing microbatch index")
+            if stage != rank:
+                raise ValueError(
+                    f"{where}: stage {stage} on rank {rank}; titan_morph runs one stage per rank (stage = rank)"
+                )
+            ops.append(Op(kind, int(mb)))
+        if not ops:
+            raise ValueError(f"{path}: line {line}: rank {rank} has no actions")
+        orders.append(tuple(ops))
+    return tuple(orders)
+
+
+def format_orders(orders: PlanOrOrders, error_step: int | None = None) -> str:
+    """Step × rank grid of the orders (like torch's ``_format_pipeline_order``) for logs."""
+    ords = _orders_of(orders)
+    if not ords:
+        return "(no stages)\n"
+    steps = max(len(o) for o in ords)
+    width = len(str(max(steps - 1, 0)))
+    labels = [f"Step {str(i).zfill(width)}" for i in range(steps)]
+    cols = [[str(op) for op in o] + [""] * (steps - len(o)) for o in ords]
+    widths = [max(len(f"Rank {r}"), *(len(c) for c in col)) for r, col in enumerate(cols)]
+    header = " " * (len(labels[0]) + 2) + " ".join(f"{f'Rank {r}':<{w}}" for r, w in enumerate(widths))
+    rows = []
+    for i, label in enumerate(labels):
+        cells = " ".join(f"{col[i]:<{w}}" for col, w in zip(cols, widths)).rstrip()
+        mark = "  <-- ERROR HERE" if error_step == i else ""
+        rows.append(f"{label}: {cells}{mark}")
+    return header.rstrip() + "\n" + "\n".join(rows) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Pictures of a simulated iteration
+# ---------------------------------------------------------------------------------------------
+
+
+def _us(ms: float) -> float:
+    return round(ms * 1000.0, 3)
+
+
+def _deliveries(result: SimResult) -> list[tuple[int, Op, int, Op, float, float]]:
+    """(sender stage, sender op, receiver stage, receiver op, sent_at, needed_from) per message.
+
+    F on stage s feeds F on s+1; I/B on stage s feeds I/B on s−1 (model.py dependencies).
+    ``sent_at`` is when the link accepted it (sender end + blocking), ``needed_from`` the
+    receiver's ready time, so the gap shows the link delay the receiver waited for.
+    """
+    where: dict[tuple[int, str, int], Any] = {}
+    for stage_timings in result.timings:
+        for t in stage_timings:
+            where[(t.stage, "B" if t.op.kind == "B" else t.op.kind, t.op.mb)] = t
+    stages = len(result.timings)
+    out = []
+    for stage_timings in result.timings:
+        for t in stage_timings:
+            kind = t.op.kind
+            if kind == "F" and t.stage + 1 < stages:
+                dst = where.get((t.stage + 1, "F", t.op.mb))
+            elif kind in ("I", "B") and t.stage > 0:
+                dst = where.get((t.stage - 1, "I", t.op.mb)) or where.get((t.stage - 1, "B", t.op.mb))
+            else:
+                continue
+            if dst is not None:
+                out.append((t.stage, t.op, dst.stage, dst.op, t.end + t.blocked, dst.ready))
+    return out
+
+
+def chrome_trace(result: SimResult, path: str | Path) -> Path:
+    """Write a Chrome/Perfetto trace of a simulated iteration; returns the path.
+
+    One process per stage (``pid`` = stage): complete ``X`` events named ``F3``/``I3``/``W3``
+    (``cat`` = kind) on thread 0, send-blocking intervals (head-of-line blocking, §3.2) as
+    ``X`` events with ``cat = "blocked"`` on thread 1, and a flow arrow per inter-stage message
+    from the sending op to the receiving op (``args`` carry the send and arrival times).
+    Times are µs from the iteration start.
+    """
+    events: list[dict[str, Any]] = []
+    stages = len(result.timings)
+    for stage in range(stages):
+        events.append({"name": "process_name", "ph": "M", "pid": stage, "tid": 0, "args": {"name": f"stage {stage}"}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": stage, "tid": 0, "args": {"sort_index": stage}})
+        events.append({"name": "thread_name", "ph": "M", "pid": stage, "tid": 0, "args": {"name": "compute"}})
+        events.append({"name": "thread_name", "ph": "M", "pid": stage, "tid": 1, "args": {"name": "send blocked"}})
+    for stage_timings in result.timings:
+        for t in stage_timings:
+            events.append(
+                {
+                    "name": str(t.op),
+                    "cat": t.op.kind,
+                    "ph": "X",
+                    "pid": t.stage,
+                    "tid": 0,
+                    "ts": _us(t.start),
+                    "dur": _us(t.end - t.start),
+                    "cname": _CHROME_COLORS[t.op.kind],
+                    "args": {"microbatch": t.op.mb, "ready_ms": t.ready, "waited_ms": max(0.0, t.start - t.ready)},
+                }
+            )
+            if t.blocked > 0:
+                events.append(
+                    {
+                        "name": f"send after {t.op} blocked",
+                        "cat": "blocked",
+                        "ph": "X",
+                        "pid": t.stage,
+                        "tid": 1,
+                        "ts": _us(t.end),
+                        "dur": _us(t.blocked),
+                        "cname": "bad",
+                        "args": {"blocked_ms": t.blocked},
+                    }
+                )
+    for flow_id, (src, sop, dst, dop, sent, needed) in enumerate(_deliveries(result)):
+        link = min(src, dst)
+        direction = "fwd" if src < dst else "bwd"
+        name = f"link {link} {direction} mb {sop.mb}"
+        args = {"sent_ms": sent, "receiver_ready_ms": needed}
+        src_t = next(t for t in result.timings[src] if t.op == sop)
+        dst_t = next(t for t in result.timings[dst] if t.op == dop)
+        events.append(
+            {
+                "name": name,
+                "cat": "link",
+                "ph": "s",
+                "id": flow_id,
+                "pid": src,
+                "tid": 0,
+                "ts": _us(src_t.start),
+                "args": args,
+            }
+        )
+        events.append(
+            {
+                "name": name,
+                "cat": "link",
+                "ph": "f",
+                "bp": "e",
+                "id": flow_id,
+                "pid": dst,
+                "tid": 0,
+                "ts": _us(dst_t.start),
+            }
+        )
+    doc = {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "makespan_ms": result.makespan,
+            "bubble_rate": list(result.bubble_rate),
+            "blocked_ms": list(result.blocked_ms),
+            "delays_ms": list(result.model.delays),
+        },
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def timeline_png(result: SimResult, path: str | Path, title: str | None = None, *, dpi: int = 110) -> Path:
+    """Draw stages × time (Fig. 4/5 style) to a PNG; returns the path.
+
+    Ops are coloured by kind (:data:`COLORS`) with the microbatch id on each box, idle time shows
+    the light background (bubbles), send-blocked intervals are hatched, and the makespan and each
+    stage's bubble rate are annotated. matplotlib (Agg) is imported here only.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    stages = len(result.timings)
+    makespan = max(result.makespan, 1e-9)
+    fig_w = min(24.0, max(8.0, 0.06 * sum(len(t) for t in result.timings) / max(stages, 1) * 3 + 4))
+    fig, ax = plt.subplots(figsize=(fig_w, 0.55 * stages + 1.8), dpi=dpi)
+    row_h = 0.8
+    kinds_used: list[str] = []
+    for stage, stage_timings in enumerate(result.timings):
+        y = stages - 1 - stage
+        ax.add_patch(
+            matplotlib.patches.Rectangle((0, y - row_h / 2), makespan, row_h, facecolor="#f4f4f4", edgecolor="#d0d0d0")
+        )
+        for t in stage_timings:
+            kind = t.op.kind
+            if kind not in kinds_used:
+                kinds_used.append(kind)
+            width = t.end - t.start
+            ax.add_patch(
+                matplotlib.patches.Rectangle(
+                    (t.start, y - row_h / 2), width, row_h, facecolor=COLORS[kind], edgecolor="white", linewidth=0.6
+                )
+            )
+            if t.blocked > 0:
+                ax.add_patch(
+                    matplotlib.patches.Rectangle(
+                        (t.end, y - row_h / 2),
+                        t.blocked,
+                        row_h,
+                        facecolor="none",
+                        edgecolor="#b22222",
+                        hatch="////",
+                        linewidth=0.6,
+                    )
+                )
+            # Label when the box is wide enough for its digits (about 1.4 % of the axis per char).
+            if width / makespan * fig_w * 72 >= 7 * len(str(t.op.mb)):
+                ax.text(
+                    t.start + width / 2,
+                    y,
+                    str(t.op.mb),
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white",
+                    fontweight="bold",
+                )
+        rate = result.bubble_rate[stage]
+        blocked = result.blocked_ms[stage]
+        note = f"bubble {rate:.1%}" + (f"\nblocked {blocked:.0f} ms" if blocked > 0 else "")
+        ax.text(makespan * 1.01, y, note, va="center", ha="left", fontsize=8)
+    ax.axvline(makespan, color="black", linestyle="--", linewidth=1)
+    ax.text(makespan, stages - 0.45, f"makespan {makespan:.1f} ms", ha="right", va="bottom", fontsize=9)
+    ax.set_xlim(0, makespan * 1.13)
+    ax.set_ylim(-0.6, stages - 0.4 + 0.35)
+    ax.set_yticks(range(stages))
+    ax.set_yticklabels([f"S{s}" for s in reversed(range(stages))])
+    ax.set_xlabel("time (ms)")
+    names = {"F": "F (forward)", "I": "I (backward input)", "W": "W (backward weight)", "B": "B (full backward)"}
+    handles = [Patch(facecolor=COLORS[k], label=names[k]) for k in KINDS if k in kinds_used]
+    handles.append(Patch(facecolor="#f4f4f4", edgecolor="#d0d0d0", label="idle (bubble)"))
+    if any(b > 0 for b in result.blocked_ms):
+        handles.append(Patch(facecolor="none", edgecolor="#b22222", hatch="////", label="send blocked"))
+    ax.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.22 - 0.02 * (4 - min(stages, 4))),
+        ncol=len(handles),
+        fontsize=8,
+        frameon=False,
+    )
+    delays = ", ".join(f"{d:g}" for d in result.model.delays) or "-"
+    mean_rate = sum(result.bubble_rate) / max(len(result.bubble_rate), 1)
+    head = title or "pipeline timeline"
+    ax.set_title(
+        f"{head}\nS={stages} N={result.model.microbatches}  link delays [{delays}] ms  "
+        f"makespan {makespan:.1f} ms  mean bubble {mean_rate:.1%}",
+        fontsize=10,
+    )
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def load_orders_json(data: Mapping[str, Sequence[str]]) -> tuple[Order, ...]:
+    """Inverse of :meth:`Plan.orders_json`: ``{"0": ["F0", ...], ...}`` → per-stage orders."""
+    try:
+        ranks = sorted(int(k) for k in data)
+    except ValueError as exc:
+        raise ValueError(f"orders JSON keys must be rank numbers, got {sorted(data)}") from exc
+    if ranks != list(range(len(ranks))):
+        raise ValueError(f"orders JSON must hold ranks 0..{len(ranks) - 1} exactly, got {ranks}")
+    return tuple(tuple(Op.parse(s) for s in data[str(r)]) for r in ranks)
