@@ -1,0 +1,101 @@
+"""Alg. 3/4 generator: structure, warm-up/limit semantics, δ-quantisation, errors, speed sanity."""
+
+from __future__ import annotations
+
+import pytest
+
+from titan_morph.pipelining.generate import generate
+from titan_morph.pipelining.links import LinkDownError, StaticDelays
+from titan_morph.pipelining.model import CostModel, Op, in_flight_peak, validate_orders, warmup_count
+from titan_morph.pipelining.simulate import makespan
+
+
+def _ops(text: str) -> tuple[Op, ...]:
+    return tuple(Op.parse(t) for t in text.split())
+
+
+def test_zb_h2_fig4_orders() -> None:
+    """Paper Fig. 4: S=4, N=12, x = 7,5,3,1 -> last stage F/I alternate, W deferred to the end."""
+    model = CostModel.uniform(4, 12, 10, 10, 10)
+    orders = generate(model, (7, 5, 3, 1))
+    validate_orders(model, orders)
+    assert [warmup_count(o) for o in orders] == [7, 5, 3, 1]
+    assert orders[3][:4] == _ops("F0 I0 F1 I1")
+    assert orders[3][-12:] == tuple(Op("W", m) for m in range(12))
+    assert orders[0][:9] == _ops("F0 F1 F2 F3 F4 F5 F6 I0 F7")
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_limit_bounds_in_flight(split: bool) -> None:
+    model = CostModel.uniform(4, 16, 3, 5, 2, delays=[4, 0, 9])
+    orders = generate(model, (4, 3, 2, 1), limit=(6, 5, 3, 1), split_backward=split)
+    validate_orders(model, orders)
+    for o, x, lim in zip(orders, (4, 3, 2, 1), (6, 5, 3, 1)):
+        assert x <= warmup_count(o) <= lim  # a larger cap lets F (priority over W) run before the first I
+        assert in_flight_peak(o) <= lim
+    kinds = {op.kind for o in orders for op in o}
+    assert kinds == ({"F", "I", "W"} if split else {"F", "B"})
+
+
+def test_one_f_one_b_shape() -> None:
+    """x_i = S - i with fused B and limit x_i is classic 1F1B: warm-up, then B/F alternation."""
+    model = CostModel.uniform(4, 8, 1, 2, 0)
+    orders = generate(model, (4, 3, 2, 1), split_backward=False)
+    assert orders[0] == _ops("F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7")
+    assert orders[3] == _ops("F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7")
+
+
+def test_delta_quantisation_never_beats_exact() -> None:
+    model = CostModel.uniform(4, 12, [7, 9, 8, 11], [13, 12, 14, 10], [5, 6, 4, 7], delays=[3, 17, 2])
+    exact = makespan(model, generate(model, (7, 5, 3, 1)))
+    fine = makespan(model, generate(model, (7, 5, 3, 1), delta=0.5))
+    coarse = generate(model, (7, 5, 3, 1), delta=20.0)
+    validate_orders(model, coarse)
+    assert fine == pytest.approx(exact, rel=0.05)
+    assert makespan(model, coarse) > 0
+
+
+def test_links_model_overrides_model_delays() -> None:
+    model = CostModel.uniform(3, 6, 10, 10, 10)
+    a = generate(model.with_delays([0, 25]), (5, 3, 1))
+    b = generate(model, (5, 3, 1), links=StaticDelays((0.0, 25.0)))
+    assert a == b
+
+
+@pytest.mark.parametrize(
+    ("warmup", "match"),
+    [
+        ((3, 5, 1), "Lemma 1"),
+        ((3, 2), "needs 3 values"),
+        ((13, 2, 1), r"1 <= x_i <= N = 12"),
+        ((3, 2, 0), r"x_2 = 0 out of range"),
+    ],
+)
+def test_bad_warmup(warmup: tuple[int, ...], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        generate(CostModel.uniform(3, 12, 1, 1, 1), warmup)
+
+
+def test_warmup_over_memory_budget() -> None:
+    model = CostModel.uniform(3, 12, 1, 1, 1, memory=[4, 4, 4])
+    with pytest.raises(ValueError, match=r"stage 0: warm-up of x_0 = 5 .* memory budget M_0 = 4"):
+        generate(model, (5, 3, 1))
+
+
+def test_bad_limit_and_delta() -> None:
+    model = CostModel.uniform(3, 12, 1, 1, 1)
+    with pytest.raises(ValueError, match="limit_1 = 1 out of range"):
+        generate(model, (3, 2, 1), limit=(3, 1, 1))
+    with pytest.raises(ValueError, match="delta"):
+        generate(model, (3, 2, 1), delta=0)
+
+
+def test_link_down_is_reported() -> None:
+    model = CostModel.uniform(3, 4, 1, 1, 1, delays=[0, float("inf")])
+    with pytest.raises(LinkDownError, match="link 1"):
+        generate(model, (3, 2, 1))
+
+
+def test_single_stage() -> None:
+    model = CostModel.uniform(1, 3, 1, 1, 1)
+    assert generate(model, (1,)) == (_ops("F0 I0 F1 I1 F2 I2 W0 W1 W2"),)
