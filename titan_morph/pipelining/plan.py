@@ -1,0 +1,358 @@
+"""``python -m titan_morph.pipelining.plan``: build (or load) a pipeline schedule and show how it runs.
+
+Plans a schedule for the *planning* delays (``--delays``: what a profiler measured), then executes
+the resulting fixed orders under the *run* delays (``--run-delays``, default = planning delays) in
+the simulator, so one can ask e.g. "ZB-H2 planned for no delay, executed with a 20 ms straggler on
+link 0" (paper Fig. 5: 390 ms → 440 ms) or "what does PipeMorph plan instead" (Eq. 1, Alg. 1–4).
+
+Outputs: a readable summary (warm-up x_i, slackness Δ_i and the Eq. 1 tolerance per link,
+makespan, bubble rates, critical path), or ``--json``; optionally torch's compute-only CSV
+(``--csv``, loadable by ``_PipelineScheduleRuntime._load_csv`` / TorchTitan's
+``pipeline_parallel_schedule_csv``), a timeline PNG and a Chrome trace. ``--load-csv`` simulates
+an existing torch CSV instead of building one. Bad arguments print one error line, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .links import LinkDownError, parse_delays
+from .model import CostModel, Plan, in_flight_peak, validate_orders, warmup_count
+
+PROG = "python -m titan_morph.pipelining.plan"
+_BASE_SCHEDULES = ("1f1b", "1f1b-iw", "gpipe", "zb-h1", "zb-h2", "pipemorph")
+
+
+class UsageError(Exception):
+    """A bad command-line setting: printed as one ``error:`` line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line instead of usage + error
+        raise UsageError(message)
+
+
+def _schedules() -> tuple[str, ...]:
+    try:
+        from .builders import SCHEDULES
+    except ImportError:  # builders not installed yet: offer the agreed names
+        return _BASE_SCHEDULES
+    return tuple(SCHEDULES)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI's argument parser (also used to render the usage text in docs)."""
+    p = _Parser(
+        prog=PROG,
+        description="Build a pipeline schedule (1F1B, ZeroBubble or PipeMorph's slackness-aware plan) for "
+        "given per-stage compute times and link delays, then simulate it under the actual delays.",
+        epilog="Example: %(prog)s --stages 4 --microbatches 12 --fwd 10 --bwd 10 --wgt 10 "
+        "--schedule zb-h2 --run-delays 20,0,0 --png zb.png",
+    )
+    g = p.add_argument_group("pipeline and profile")
+    g.add_argument("--stages", type=int, help="pipeline stages S (one per rank); inferred with --load-csv")
+    g.add_argument("--microbatches", type=int, help="microbatches N per iteration; inferred with --load-csv")
+    g.add_argument("--fwd", default="10", help="t^F per stage, ms: scalar or comma list of S values (default 10)")
+    g.add_argument("--bwd", default="10", help="t^B (backward input, op I) per stage, ms (default 10)")
+    g.add_argument("--wgt", default="10", help="t^W (backward weight, op W) per stage, ms (default 10)")
+    g.add_argument(
+        "--delays", default=None, help="planning delay c_i per link, ms: scalar or S-1 comma values (default 0)"
+    )
+    g.add_argument(
+        "--run-delays",
+        default=None,
+        help="actual per-link delays (ms) to execute the orders under; 'inf' = link down (default: --delays)",
+    )
+    g.add_argument("--memory", default=None, help="max microbatches in flight per stage M_i: scalar or S values")
+    g.add_argument(
+        "--depth",
+        type=int,
+        default=None,
+        help="blocking link queue depth (NCCL-like head-of-line blocking); default: non-blocking transport",
+    )
+    s = p.add_argument_group("schedule")
+    s.add_argument("--schedule", default=None, choices=_schedules(), help="schedule to build (default pipemorph)")
+    s.add_argument("--no-search", action="store_true", help="pipemorph: plain Alg. 1/2 warm-up + Alg. 3/4, no search")
+    s.add_argument(
+        "--search-ms", type=float, default=None, help="pipemorph: search time budget in ms (default: the builder's)"
+    )
+    s.add_argument("--load-csv", metavar="PATH", help="simulate an existing torch compute-only CSV instead of building")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+    o.add_argument("--show-orders", action="store_true", help="also print the step x rank order grid")
+    o.add_argument("--csv", metavar="PATH", help="write torch's compute-only schedule CSV")
+    o.add_argument("--png", metavar="PATH", help="write a timeline picture of the simulated run")
+    o.add_argument("--chrome-trace", metavar="PATH", help="write a Chrome/Perfetto trace of the simulated run")
+    o.add_argument("--title", default=None, help="title of the PNG")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checking: each message names the setting and the allowed range.
+# ---------------------------------------------------------------------------------------------
+
+
+def _per_stage_ms(flag: str, text: str, stages: int) -> tuple[float, ...]:
+    parts = [t.strip() for t in str(text).split(",")]
+    values = []
+    for t in parts:
+        try:
+            values.append(float(t))
+        except ValueError:
+            raise UsageError(f"{flag}: {t!r} is not a number of ms") from None
+    if len(values) == 1:
+        values *= stages
+    if len(values) != stages:
+        raise UsageError(f"{flag} needs 1 or {stages} values (one per stage), got {len(values)}: {text!r}")
+    for v in values:
+        if not (math.isfinite(v) and v >= 0):
+            raise UsageError(f"{flag} must be finite and >= 0 ms, got {v:g}")
+    return tuple(values)
+
+
+def _memory(text: str | None, stages: int) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    values = []
+    for t in str(text).split(","):
+        try:
+            values.append(int(t.strip()))
+        except ValueError:
+            raise UsageError(f"--memory: {t.strip()!r} is not an integer number of microbatches") from None
+    if len(values) == 1:
+        values *= stages
+    if len(values) != stages:
+        raise UsageError(f"--memory needs 1 or {stages} values (one per stage), got {len(values)}: {text!r}")
+    for v in values:
+        if v < 1:
+            raise UsageError(f"--memory must be >= 1 microbatch in flight per stage, got {v}")
+    return tuple(values)
+
+
+def _delays(flag: str, text: str | None, links: int) -> tuple[float, ...]:
+    try:
+        return parse_delays(text, links, name=flag)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _model(args: argparse.Namespace, stages: int, microbatches: int) -> tuple[CostModel, tuple[float, ...]]:
+    """The planning cost model and the run delays, from the flags."""
+    if stages < 1:
+        raise UsageError(f"--stages must be >= 1, got {stages}")
+    if microbatches < 1:
+        raise UsageError(f"--microbatches must be >= 1, got {microbatches}")
+    links = stages - 1
+    delays = _delays("--delays", args.delays, links)
+    for i, d in enumerate(delays):
+        if math.isinf(d):
+            raise UsageError(
+                f"--delays: link {i} ({i}<->{i + 1}) is down (inf); no schedule can be planned across a down link"
+                " (use --run-delays to see a plan fail at run time, or re-partition the stages)"
+            )
+    run = delays if args.run_delays is None else _delays("--run-delays", args.run_delays, links)
+    if args.depth is not None and args.depth < 1:
+        raise UsageError(
+            f"--depth must be >= 1 message in flight per link (omit it for non-blocking), got {args.depth}"
+        )
+    model = CostModel(
+        stages,
+        microbatches,
+        _per_stage_ms("--fwd", args.fwd, stages),
+        _per_stage_ms("--bwd", args.bwd, stages),
+        _per_stage_ms("--wgt", args.wgt, stages),
+        delays,
+        _memory(args.memory, stages),
+    )
+    return model, run
+
+
+def _build(args: argparse.Namespace, model: CostModel) -> Plan:
+    """Call the builders (Alg. 1–4 + search for pipemorph; fixed warm-ups for the baselines)."""
+    from . import builders
+
+    kw: dict[str, Any] = {}
+    if args.schedule == "pipemorph":
+        kw.update(search=not args.no_search, depth=args.depth)
+        if args.search_ms is not None:
+            kw["time_budget_ms"] = args.search_ms
+    elif args.no_search or args.search_ms is not None:
+        raise UsageError(f"--no-search/--search-ms apply to --schedule pipemorph only, not {args.schedule}")
+    try:
+        return builders.build(args.schedule, model, **kw)
+    except ValueError as exc:
+        raise UsageError(f"--schedule {args.schedule}: {exc}") from None
+
+
+def _load(args: argparse.Namespace) -> tuple[Plan, tuple[float, ...]]:
+    from .export import read_csv
+
+    try:
+        orders = read_csv(args.load_csv)
+    except OSError as exc:
+        raise UsageError(f"--load-csv: cannot read {args.load_csv}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise UsageError(f"--load-csv: {exc}") from None
+    stages = len(orders)
+    microbatches = 1 + max(op.mb for order in orders for op in order)
+    if args.stages is not None and args.stages != stages:
+        raise UsageError(f"--stages {args.stages} disagrees with --load-csv {args.load_csv}: it has {stages} ranks")
+    if args.microbatches is not None and args.microbatches != microbatches:
+        raise UsageError(
+            f"--microbatches {args.microbatches} disagrees with --load-csv {args.load_csv}: it has {microbatches}"
+        )
+    if args.schedule is not None:
+        raise UsageError("--schedule and --load-csv exclude each other (the CSV is the schedule)")
+    model, run = _model(args, stages, microbatches)
+    try:
+        validate_orders(model, orders)
+    except ValueError as exc:
+        raise UsageError(f"--load-csv {args.load_csv}: {exc}") from None
+    return Plan(f"csv:{Path(args.load_csv).name}", tuple(warmup_count(o) for o in orders), orders, model), run
+
+
+def _tolerance(model: CostModel, warmup: Sequence[int], link: int) -> float:
+    """Largest c_link Eq. 1 absorbs: (Δ_i (t^F_{i+1} + t^B_{i+1}) − t^F_i − t^B_i) / 2."""
+    try:
+        from .slackness import tolerance_ms
+    except ImportError:
+        delta = warmup[link] - warmup[link + 1]
+        i, j = link, link + 1
+        return (delta * (model.fwd[j] + model.bwd[j]) - model.fwd[i] - model.bwd[i]) / 2
+    return tolerance_ms(model, warmup, link)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reporting
+# ---------------------------------------------------------------------------------------------
+
+
+def _fmt_list(values: Sequence[float]) -> str:
+    return "[" + ", ".join(f"{v:g}" for v in values) + "]"
+
+
+def _summary(plan: Plan, result: Any, planned: float, run: Sequence[float], args: argparse.Namespace) -> str:
+    model = plan.model
+    lines = [
+        f"schedule {plan.schedule}: S={model.stages} stages, N={model.microbatches} microbatches, plan {plan.plan_id}",
+        f"  t^F {_fmt_list(model.fwd)} ms, t^B {_fmt_list(model.bwd)} ms, t^W {_fmt_list(model.wgt)} ms;"
+        f" transport {'non-blocking' if args.depth is None else f'blocking, depth {args.depth}'}",
+        "",
+        "stage  x_i  M_i  peak  busy ms  bubble  blocked ms",
+    ]
+    for s, order in enumerate(plan.orders):
+        busy = sum(t.end - t.start for t in result.timings[s])
+        mem = "-" if model.memory is None else str(model.memory[s])
+        lines.append(
+            f"{s:>5}  {plan.warmup[s]:>3}  {mem:>3}  {in_flight_peak(order):>4}  {busy:>7.1f}"
+            f"  {result.bubble_rate[s]:>6.1%}  {result.blocked_ms[s]:>10.1f}"
+        )
+    if model.stages > 1:
+        lines += ["", "link  Δ_i  Eq.1 tolerance ms  planned c_i  run c_i  absorbed (Eq. 1)"]
+        for i in range(model.stages - 1):
+            tol = _tolerance(model, plan.warmup, i)
+            ok = "yes" if run[i] <= tol + 1e-9 else "NO"
+            lines.append(f"{i:>4}  {plan.slackness[i]:>3}  {tol:>17.1f}  {model.delays[i]:>11g}  {run[i]:>7g}  {ok}")
+    lines += [
+        "",
+        f"makespan {result.makespan:.1f} ms under run delays {_fmt_list(run)} ms"
+        f" (planned {planned:.1f} ms under {_fmt_list(model.delays)} ms);"
+        f" mean bubble rate {result.mean_bubble_rate:.1%}",
+        result.explain().splitlines()[0],
+        "critical path:",
+        *("  " + line for line in result.explain().splitlines()[1:]),
+    ]
+    return "\n".join(lines)
+
+
+def _report_json(plan: Plan, result: Any, planned: float, run: Sequence[float], args, files: dict) -> dict:
+    model = plan.model
+    return {
+        "schedule": plan.schedule,
+        "stages": model.stages,
+        "microbatches": model.microbatches,
+        "fwd_ms": list(model.fwd),
+        "bwd_ms": list(model.bwd),
+        "wgt_ms": list(model.wgt),
+        "delays_ms": list(model.delays),
+        "run_delays_ms": list(run),
+        "memory": None if model.memory is None else list(model.memory),
+        "depth": args.depth,
+        "warmup": list(plan.warmup),
+        "slackness": list(plan.slackness),
+        "tolerance_ms": [_tolerance(model, plan.warmup, i) for i in range(model.stages - 1)],
+        "plan_id": plan.plan_id,
+        "planned_makespan_ms": planned,
+        "makespan_ms": result.makespan,
+        "bubble_rate": result.mean_bubble_rate,
+        "stage_bubble_rate": list(result.bubble_rate),
+        "blocked_ms": list(result.blocked_ms),
+        "peak_in_flight": [in_flight_peak(o) for o in plan.orders],
+        "orders": plan.orders_json(),
+        "files": files,
+    }
+
+
+def run(argv: Sequence[str] | None = None) -> tuple[Plan, Any, float, tuple[float, ...], argparse.Namespace]:
+    """Parse ``argv``, build or load the plan and simulate it; raises :class:`UsageError` on bad input."""
+    from .simulate import DeadlockError, simulate
+
+    args = build_parser().parse_args(argv)
+    if args.load_csv:
+        plan, run_delays = _load(args)
+    else:
+        if args.stages is None or args.microbatches is None:
+            raise UsageError("--stages and --microbatches are required (unless --load-csv gives them)")
+        args.schedule = args.schedule or "pipemorph"
+        model, run_delays = _model(args, args.stages, args.microbatches)
+        plan = _build(args, model)
+    try:
+        planned = simulate(plan.model, plan.orders, depth=args.depth).makespan
+    except DeadlockError as exc:
+        raise UsageError(f"the orders deadlock: {exc}") from None
+    try:
+        result = simulate(plan.model.with_delays(run_delays), plan.orders, depth=args.depth)
+    except LinkDownError as exc:
+        raise UsageError(f"--run-delays: {exc}: the iteration cannot complete") from None
+    return plan, result, planned, run_delays, args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit code (0 ok, 2 bad arguments)."""
+    try:
+        plan, result, planned, run_delays, args = run(argv)
+        files: dict[str, str] = {}
+        from . import export
+
+        if args.csv:
+            files["csv"] = str(export.write_csv(plan, args.csv))
+        if args.png:
+            title = args.title or f"{plan.schedule} (plan {plan.plan_id})"
+            files["png"] = str(export.timeline_png(result, args.png, title=title))
+        if args.chrome_trace:
+            files["chrome_trace"] = str(export.chrome_trace(result, args.chrome_trace))
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"{PROG}: error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(_report_json(plan, result, planned, run_delays, args, files)))
+    else:
+        print(_summary(plan, result, planned, run_delays, args))
+        if args.show_orders:
+            print("\norders:\n" + export.format_orders(plan.orders), end="")
+        for kind, path in files.items():
+            print(f"wrote {kind}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
