@@ -1,0 +1,67 @@
+"""The one CPU adaptation of TorchTitan: applied only when CUDA is absent, before torchtitan loads.
+
+TorchTitan 0.2.2 picks ``device_type = torch._utils._get_available_device_type() or "cuda"``
+at import time (``torchtitan/tools/utils.py``), so on a CPU-only host it would try CUDA. We make
+that probe answer ``"cpu"`` (whose default distributed backend is gloo) and give ``torch.cpu`` the
+few device-module calls TorchTitan makes (memory statistics, device name/properties, an integer
+``current_device`` for ``barrier(device_ids=...)``). With CUDA present nothing is changed.
+"""
+
+import os
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+_applied = False
+
+
+def cuda_absent() -> bool:
+    """True when no usable CUDA device exists (the only case we adapt)."""
+    return not torch.cuda.is_available()
+
+
+def _total_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 34
+
+
+def adapt_torchtitan_to_cpu() -> bool:
+    """Adapt when CUDA is absent; returns whether the adaptation is active. Idempotent.
+
+    Must run before ``torchtitan.tools.utils`` is imported (``titan_morph.train`` does it first).
+    """
+    global _applied
+    if _applied:
+        return True
+    if not cuda_absent():
+        return False
+    import sys
+
+    if "torchtitan.tools.utils" in sys.modules:
+        raise RuntimeError(
+            "titan_morph's CPU adaptation must run before torchtitan is imported; "
+            "start training with `python -m titan_morph.train`"
+        )
+
+    import torch._utils as tu
+
+    original = tu._get_available_device_type
+
+    def _device_type() -> str | None:
+        return original() or "cpu"
+
+    tu._get_available_device_type = _device_type
+
+    cpu: Any = torch.cpu
+    props = SimpleNamespace(name="CPU", total_memory=_total_memory())
+    cpu.get_device_name = lambda device=None: "CPU"
+    cpu.get_device_properties = lambda device=None: props
+    cpu.memory_stats = lambda device=None: {}
+    cpu.reset_peak_memory_stats = lambda device=None: None
+    cpu.empty_cache = lambda: None
+    cpu.current_device = lambda: 0
+    _applied = True
+    return True

@@ -1,0 +1,133 @@
+"""``python -m titan_morph.train --job.config_file X.toml [--section.key value ...]``.
+
+TorchTitan's own trainer (``torchtitan.train.main``) with titan_morph's registrations:
+
+1. without CUDA, the CPU adaptation (``titan_morph.integration.cpu``) runs before torchtitan loads;
+2. ``--job.custom_config_module titan_morph.integration.config`` is added when neither the command
+   line nor the TOML names one, so the ``[morph]`` section always exists;
+3. unknown ``[morph]`` keys in the TOML are rejected with the list of allowed ones;
+4. the dataset ``morph_text`` and the TrainSpec ``llama3_morph`` are registered;
+5. the trainer validates ``[morph]`` before initialising anything, expands ``{run_id}`` in
+   ``[job] dump_folder`` (one folder per run) and writes the resolved config into that folder.
+"""
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from titan_morph.integration.cpu import adapt_torchtitan_to_cpu
+
+CONFIG_MODULE = "titan_morph.integration.config"
+RUN_ID_PLACEHOLDER = "{run_id}"
+
+
+def _toml_path(argv: list[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        key, _, value = arg.partition("=")
+        if key in ("--job.config_file", "--job.config-file"):
+            return value if value else (argv[i + 1] if i + 1 < len(argv) else None)
+    return None
+
+
+def _load_toml(path: str) -> dict[str, Any]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    with open(path, "rb") as fh:
+        return tomllib.load(fh)
+
+
+def prepare_args(argv: list[str]) -> list[str]:
+    """Add the [morph] config module when missing and pre-check the TOML's [morph] keys."""
+    from titan_morph.integration.config import check_unknown_keys
+
+    toml_path = _toml_path(argv)
+    toml = _load_toml(toml_path) if toml_path else {}
+    named_on_cli = any(a.split("=")[0] in ("--job.custom_config_module", "--job.custom-config-module") for a in argv)
+    named_in_toml = bool(toml.get("job", {}).get("custom_config_module"))
+    if not named_on_cli and not named_in_toml:
+        argv = [*argv, "--job.custom_config_module", CONFIG_MODULE]
+    if "morph" in toml:
+        check_unknown_keys(toml["morph"])
+    return argv
+
+
+def run_id() -> str:
+    """One id per launch, equal on every rank: $TITAN_MORPH_RUN_ID (run_train.sh), else torchrun's."""
+    rid = os.environ.get("TITAN_MORPH_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if rid in ("", "none"):
+        rid = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+    return rid
+
+
+def _make_trainer_class():
+    from torchtitan.tools.logging import logger
+    from torchtitan.train import Trainer
+
+    from titan_morph.integration.config import validate_job_config
+
+    class MorphTrainer(Trainer):
+        """TorchTitan's Trainer; validates [morph] first and makes the run folder self-describing."""
+
+        def __init__(self, job_config: Any) -> None:
+            validate_job_config(job_config)
+            job = job_config.job
+            if RUN_ID_PLACEHOLDER in job.dump_folder:
+                job.dump_folder = job.dump_folder.replace(RUN_ID_PLACEHOLDER, run_id())
+            if job.save_config_file is None:
+                job.save_config_file = "config.json"  # TorchTitan writes the resolved config there
+            super().__init__(job_config)
+            if int(os.environ.get("RANK", "0")) == 0:
+                self._write_run_info(job_config)
+
+        @staticmethod
+        def _write_run_info(job_config: Any) -> None:
+            import torch
+
+            import titan_morph
+
+            folder = Path(job_config.job.dump_folder)
+            folder.mkdir(parents=True, exist_ok=True)
+            if job_config.job.config_file and os.path.isfile(job_config.job.config_file):
+                shutil.copyfile(job_config.job.config_file, folder / "job.toml")
+            info = {
+                "argv": sys.argv,
+                "run_id": run_id(),
+                "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+                "titan_morph": titan_morph.__version__,
+                "torch": torch.__version__,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+            (folder / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+            logger.info(f"titan_morph: run folder {folder}")
+
+    return MorphTrainer
+
+
+def main(argv: list[str] | None = None) -> None:
+    from titan_morph.integration.config import MorphConfigError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    adapt_torchtitan_to_cpu()
+    try:
+        args = prepare_args(args)
+        # TorchTitan's ConfigManager.parse_args reads sys.argv[1:] bound at import: set it first.
+        sys.argv = [sys.argv[0], *args]
+        from torchtitan.train import main as torchtitan_main
+
+        from titan_morph.integration.register import register_all
+
+        register_all()
+        torchtitan_main(_make_trainer_class())
+    except MorphConfigError as err:
+        print(f"titan_morph: configuration error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
