@@ -1,0 +1,306 @@
+"""Exact reference schedule for small instances (paper §4.3 / §7.4: "the optimum, obtained by solving
+an MILP"), here as a CP-SAT model (OR-Tools; a dev/benchmark dependency imported lazily).
+
+The problem is exactly what the simulator executes under static, non-blocking links:
+
+* per stage ``s`` and microbatch ``m`` the ops ``F``, ``I``, ``W`` with the model's durations; a stage
+  runs one op at a time, non-preemptively;
+* ``F[s,m]`` starts >= end ``F[s-1,m]`` + c_{s-1}; ``I[s,m]`` starts >= end ``F[s,m]`` and, unless
+  ``s`` is last, >= end ``I[s+1,m]`` + c_s; ``W[s,m]`` starts >= end ``I[s,m]``;
+* memory: at any time at most M_s microbatches on stage ``s`` have ``F`` started and ``I`` not
+  finished (a cumulative over the intervals [start F, end I));
+* minimise the makespan (end of the last op; the iteration starts at t = 0).
+
+Links are FIFO, but with a static delay per link and one sender per direction, deliveries already
+arrive in issue order, so FIFO adds no constraint.
+
+Integer time: every duration/delay is multiplied by ``scale`` (the smallest of 1, 2, 4, 5, 10, 20,
+100, 1000 that makes them all integers; e.g. instances on a 0.5 ms grid get scale 2). If none does,
+the times are scaled by 1000 and rounded *down*: the integer problem is then a relaxation, so its
+bound is still a valid lower bound, and the reported makespan is the orders re-timed with the
+true float durations (``rounded=True``).
+
+Symmetry breaking (only constraints that cannot remove every optimum):
+
+* microbatches are interchangeable, so relabelling them by their stage-0 forward order is free:
+  ``F[0,m]`` ends before ``F[0,m+1]`` starts;
+* ``W`` ops of one stage are identical and feed nothing, so swapping two of them whose order
+  disagrees with their ``I`` order keeps every constraint: per stage, ``W`` follows ``I`` order.
+
+Stronger rules (same ``F`` order on all stages, same ``I`` order on all stages, i.e. FIFO
+pipelines) are available as ``fifo=True``; they are not proven safe, so they are off by default and
+``tests/pipelining/test_exact.py`` compares both on tiny instances.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .model import CostModel, Op, Order
+
+_SCALES = (1, 2, 4, 5, 10, 20, 100, 1000)
+
+
+@dataclass(frozen=True)
+class ExactResult:
+    """Best schedule CP-SAT found and the proven bound (ms). ``optimal`` = bound met."""
+
+    makespan: float
+    lower_bound: float
+    optimal: bool
+    orders: tuple[Order, ...]
+    scale: int = 1
+    rounded: bool = False
+    wall_s: float = 0.0
+    status: str = ""
+
+    @property
+    def gap(self) -> float:
+        """Relative gap between the schedule and the bound (0 when proven optimal)."""
+        return 0.0 if self.makespan <= 0 else (self.makespan - self.lower_bound) / self.makespan
+
+
+def _import_cp_model():  # noqa: ANN202 - module object
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "titan_morph.pipelining.exact needs OR-Tools (CP-SAT): pip install ortools "
+            "(it is a dev/benchmark dependency: `pip install titan_morph[dev]`)"
+        ) from exc
+    return cp_model
+
+
+def _pick_scale(values: Sequence[float]) -> tuple[int, bool]:
+    for scale in _SCALES:
+        if all(abs(v * scale - round(v * scale)) <= 1e-9 * max(1.0, abs(v * scale)) for v in values):
+            return scale, False
+    return _SCALES[-1], True
+
+
+def asap_times(model: CostModel, orders: Sequence[Sequence[Op]]) -> dict[tuple[int, Op], tuple[float, float]]:
+    """Start/end of every op when each stage runs its order as early as possible under the model's
+    static delays and non-blocking links (the simulator's semantics, for hints and re-timing).
+
+    Accepts split (I/W) and fused (B) orders. Raises ``RuntimeError`` if the orders deadlock.
+    """
+    S = model.stages
+    if any(math.isinf(c) for c in model.delays):
+        raise ValueError("exact: a link delay is inf (link down); no finite schedule exists")
+    done: dict[tuple[int, Op], tuple[float, float]] = {}
+    pos = [0] * S
+    free = [0.0] * S
+    total = sum(len(o) for o in orders)
+    while len(done) < total:
+        progressed = False
+        for s in range(S):
+            order = orders[s]
+            while pos[s] < len(order):
+                op = order[pos[s]]
+                ready = free[s]
+                if op.kind == "F":
+                    if s > 0:
+                        dep = done.get((s - 1, Op("F", op.mb)))
+                        if dep is None:
+                            break
+                        ready = max(ready, dep[1] + model.delays[s - 1])
+                elif op.kind in ("I", "B"):
+                    dep = done.get((s, Op("F", op.mb)))
+                    if dep is None:
+                        break
+                    ready = max(ready, dep[1])
+                    if s < S - 1:
+                        up = done.get((s + 1, Op("I", op.mb))) or done.get((s + 1, Op("B", op.mb)))
+                        if up is None:
+                            break
+                        ready = max(ready, up[1] + model.delays[s])
+                else:  # W
+                    dep = done.get((s, Op("I", op.mb)))
+                    if dep is None:
+                        break
+                    ready = max(ready, dep[1])
+                end = ready + model.duration(s, op.kind)
+                done[(s, op)] = (ready, end)
+                free[s] = end
+                pos[s] += 1
+                progressed = True
+        if not progressed:
+            stuck = {s: str(orders[s][pos[s]]) for s in range(S) if pos[s] < len(orders[s])}
+            raise RuntimeError(f"orders deadlock; next op per stage: {stuck}")
+    return done
+
+
+def _split(orders: Sequence[Sequence[Op]]) -> tuple[Order, ...]:
+    """Fused ``B`` -> ``I`` then ``W`` (a valid split schedule with the same timing or better)."""
+    out = []
+    for order in orders:
+        ops: list[Op] = []
+        for op in order:
+            if op.kind == "B":
+                ops += [Op("I", op.mb), Op("W", op.mb)]
+            else:
+                ops.append(op)
+        out.append(tuple(ops))
+    return tuple(out)
+
+
+def _default_hint(model: CostModel) -> tuple[Order, ...] | None:
+    """A feasible schedule to warm-start CP-SAT: the search if available, else the generator."""
+    try:
+        from .search import search
+
+        return search(model, time_budget_ms=200.0).orders
+    except Exception:  # noqa: BLE001 - a hint is optional; any failure just means no hint
+        pass
+    try:
+        from .generate import generate
+
+        warmup = [min(model.stages - s, model.budget(s)) for s in range(model.stages)]
+        for s in range(model.stages - 2, -1, -1):  # keep Lemma 1 (non-increasing)
+            warmup[s] = max(warmup[s], warmup[s + 1])
+        return tuple(generate(model, warmup))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def optimal_makespan(
+    model: CostModel,
+    *,
+    time_limit_s: float = 30.0,
+    workers: int = 2,
+    hint: Sequence[Sequence[Op]] | None = None,
+    use_default_hint: bool = True,
+    fifo: bool = False,
+    seed: int = 0,
+) -> ExactResult:
+    """Minimum makespan of one iteration (split backward, static delays, non-blocking links).
+
+    ``hint``: orders to warm-start from (default: the search's plan when search.py is importable).
+    ``fifo=True`` adds the unproven FIFO symmetry rules (faster; see the module docstring).
+    Returns the best orders found and CP-SAT's bound; ``optimal`` is True when they meet.
+    Deterministic for a given ``workers`` and ``seed`` only when the time limit is not hit.
+    """
+    cp_model = _import_cp_model()
+    if time_limit_s <= 0:
+        raise ValueError(f"time_limit_s must be > 0, got {time_limit_s}")
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if any(math.isinf(c) for c in model.delays):
+        raise ValueError("exact: a link delay is inf (link down); no finite schedule exists")
+    t_start = time.perf_counter()
+    S, N = model.stages, model.microbatches
+    kinds = ("F", "I", "W")
+    scale, rounded = _pick_scale([*model.fwd, *model.bwd, *model.wgt, *model.delays])
+
+    def q(v: float) -> int:
+        return math.floor(v * scale + 1e-9) if rounded else round(v * scale)
+
+    dur = {(s, k): q(model.duration(s, k)) for s in range(S) for k in kinds}
+    delay = [q(c) for c in model.delays]
+
+    if hint is None and use_default_hint:
+        hint = _default_hint(model)
+    hint_orders = _split(hint) if hint is not None else None
+    hint_times = asap_times(model, hint_orders) if hint_orders is not None else None
+
+    # Horizon: a fully serial schedule (one microbatch at a time) is always feasible.
+    serial = N * (sum(dur[(s, k)] for s in range(S) for k in kinds) + 2 * sum(delay))
+    horizon = serial
+    if hint_times is not None and not rounded:
+        horizon = min(horizon, round(max(e for _, e in hint_times.values()) * scale))
+
+    m = cp_model.CpModel()
+    start: dict[tuple[int, str, int], object] = {}
+    end: dict[tuple[int, str, int], object] = {}
+    intervals: dict[int, list[object]] = {s: [] for s in range(S)}
+    for s in range(S):
+        for k in kinds:
+            for b in range(N):
+                st = m.new_int_var(0, horizon, f"s_{k}{b}@{s}")
+                iv = m.new_fixed_size_interval_var(st, dur[(s, k)], f"{k}{b}@{s}")
+                start[(s, k, b)] = st
+                end[(s, k, b)] = st + dur[(s, k)]
+                intervals[s].append(iv)
+    mk = m.new_int_var(0, horizon, "makespan")
+    for s in range(S):
+        m.add_no_overlap(intervals[s])
+        for b in range(N):
+            if s > 0:
+                m.add(start[(s, "F", b)] >= end[(s - 1, "F", b)] + delay[s - 1])
+            m.add(start[(s, "I", b)] >= end[(s, "F", b)])
+            if s < S - 1:
+                m.add(start[(s, "I", b)] >= end[(s + 1, "I", b)] + delay[s])
+            m.add(start[(s, "W", b)] >= end[(s, "I", b)])
+            m.add(mk >= end[(s, "W", b)])
+        cap = model.budget(s)
+        if cap < N:
+            live = []
+            for b in range(N):
+                size = m.new_int_var(dur[(s, "F")] + dur[(s, "I")], horizon, f"live{b}@{s}")
+                live.append(m.new_interval_var(start[(s, "F", b)], size, end[(s, "I", b)], f"mem{b}@{s}"))
+            m.add_cumulative(live, [1] * N, cap)
+        # Stage s cannot start before F0 reaches it and must run all its work.
+        head = sum(dur[(j, "F")] + delay[j] for j in range(s))
+        m.add(mk >= head + N * sum(dur[(s, k)] for k in kinds))
+    # Symmetry breaking (see module docstring).
+    for b in range(N - 1):
+        m.add(start[(0, "F", b + 1)] >= end[(0, "F", b)])
+    shared: dict[tuple[int, int], object] = {}
+    for s in range(S):
+        if fifo and s > 0:
+            for b in range(N - 1):
+                m.add(start[(s, "F", b + 1)] >= end[(s, "F", b)])
+        for a in range(N):
+            for b in range(a + 1, N):
+                if fifo and (a, b) in shared:
+                    before = shared[(a, b)]
+                else:
+                    before = m.new_bool_var(f"I{a}<I{b}@{s}")
+                    shared[(a, b)] = before
+                m.add(start[(s, "I", b)] >= end[(s, "I", a)]).only_enforce_if(before)
+                m.add(start[(s, "I", a)] >= end[(s, "I", b)]).only_enforce_if(~before)
+                m.add(start[(s, "W", b)] >= end[(s, "W", a)]).only_enforce_if(before)
+                m.add(start[(s, "W", a)] >= end[(s, "W", b)]).only_enforce_if(~before)
+    m.minimize(mk)
+
+    if hint_times is not None and not rounded:
+        for s in range(S):
+            for k in kinds:
+                for b in range(N):
+                    m.add_hint(start[(s, k, b)], round(hint_times[(s, Op(k, b))][0] * scale))
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = float(time_limit_s)
+    solver.parameters.num_workers = int(workers)
+    solver.parameters.random_seed = int(seed)
+    status = solver.solve(m)
+    status_name = solver.status_name(status)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise RuntimeError(f"exact: CP-SAT found no schedule within {time_limit_s} s (status {status_name})")
+    orders = []
+    for s in range(S):
+        ops = sorted(
+            ((solver.value(start[(s, k, b)]), kinds.index(k), b, Op(k, b)) for k in kinds for b in range(N)),
+        )
+        orders.append(tuple(op for *_, op in ops))
+    orders_t = tuple(orders)
+    bound = solver.best_objective_bound / scale
+    if rounded:
+        times = asap_times(model, orders_t)
+        makespan = max(e for _, e in times.values())
+    else:
+        makespan = solver.objective_value / scale
+    optimal = status == cp_model.OPTIMAL and not rounded or makespan <= bound + 1e-9
+    return ExactResult(
+        makespan=makespan,
+        lower_bound=min(bound, makespan),
+        optimal=bool(optimal),
+        orders=orders_t,
+        scale=scale,
+        rounded=rounded,
+        wall_s=time.perf_counter() - t_start,
+        status=status_name,
+    )
