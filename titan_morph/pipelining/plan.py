@@ -264,9 +264,8 @@ def _summary(plan: Plan, result: Any, planned: float, run: Sequence[float], args
         f"makespan {result.makespan:.1f} ms under run delays {_fmt_list(run)} ms"
         f" (planned {planned:.1f} ms under {_fmt_list(model.delays)} ms);"
         f" mean bubble rate {result.mean_bubble_rate:.1%}",
-        result.explain().splitlines()[0],
         "critical path:",
-        *("  " + line for line in result.explain().splitlines()[1:]),
+        *("  " + line.strip() for line in result.explain().splitlines()),
     ]
     return "\n".join(lines)
 
