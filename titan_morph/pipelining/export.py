@@ -301,8 +301,10 @@ def timeline_png(result: SimResult, path: str | Path, title: str | None = None, 
     stages = len(result.timings)
     makespan = max(result.makespan, 1e-9)
     fig_w = min(24.0, max(8.0, 0.06 * sum(len(t) for t in result.timings) / max(stages, 1) * 3 + 4))
-    fig, ax = plt.subplots(figsize=(fig_w, 0.55 * stages + 1.8), dpi=dpi)
+    fig_h = 0.55 * stages + 1.8
+    fig, ax = plt.subplots(figsize=(fig_w, fig_h), dpi=dpi)
     row_h = 0.8
+    pts_per_ms = fig_w * 72 * 0.82 / (makespan * 1.13)  # axes ≈ 82 % of the figure width
     kinds_used: list[str] = []
     for stage, stage_timings in enumerate(result.timings):
         y = stages - 1 - stage
@@ -331,15 +333,17 @@ def timeline_png(result: SimResult, path: str | Path, title: str | None = None, 
                         linewidth=0.6,
                     )
                 )
-            # Label when the box is wide enough for its digits (about 1.4 % of the axis per char).
-            if width / makespan * fig_w * 72 >= 7 * len(str(t.op.mb)):
+            # Microbatch id on the box, in the largest font (<= 7 pt) that fits its width.
+            label = str(t.op.mb)
+            size = min(7.0, width * pts_per_ms / (0.62 * len(label) + 0.3))
+            if size >= 4.0:
                 ax.text(
                     t.start + width / 2,
                     y,
-                    str(t.op.mb),
+                    label,
                     ha="center",
                     va="center",
-                    fontsize=7,
+                    fontsize=size,
                     color="white",
                     fontweight="bold",
                 )
@@ -359,14 +363,7 @@ def timeline_png(result: SimResult, path: str | Path, title: str | None = None, 
     handles.append(Patch(facecolor="#f4f4f4", edgecolor="#d0d0d0", label="idle (bubble)"))
     if any(b > 0 for b in result.blocked_ms):
         handles.append(Patch(facecolor="none", edgecolor="#b22222", hatch="////", label="send blocked"))
-    ax.legend(
-        handles=handles,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.22 - 0.02 * (4 - min(stages, 4))),
-        ncol=len(handles),
-        fontsize=8,
-        frameon=False,
-    )
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
     delays = ", ".join(f"{d:g}" for d in result.model.delays) or "-"
     mean_rate = sum(result.bubble_rate) / max(len(result.bubble_rate), 1)
     head = title or "pipeline timeline"
@@ -377,7 +374,7 @@ def timeline_png(result: SimResult, path: str | Path, title: str | None = None, 
     )
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.35 / fig_h, 1, 1))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
