@@ -18,25 +18,30 @@ actual links/depth. The search is seeded with Alg. 1, Alg. 2, ZB-H1, ZB-H2 and 1
 (and the caller's), then hill-climbs (first improvement, memoised) over ±1 moves of one x_i, of one
 link's slackness Δ_i (x_0..x_i together), of one cap, and policy flips.
 
-Determinism: the budget is an *evaluation count* derived from ``time_budget_ms`` with a fixed
-cost estimate per op (``US_PER_OP``), never from the wall clock, so the plan does not depend on
-machine load.
+Determinism: ``time_budget_ms`` is spent in *estimated* cost, a fixed number of µs per scheduled op
+for each kind of evaluation (``KERNEL_US_PER_OP``, ``TIMELINE_US_PER_OP``, ``SIMULATE_US_PER_OP``,
+measured on a 2-core dev box), never on the wall clock, so the plan does not depend on machine load.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .links import LinkModel, StaticDelays
 from .model import CostModel, Op, Order, Plan, validate_orders, warmup_count
 
-__all__ = ["Knobs", "SearchResult", "search", "search_detailed", "run_knobs", "default_budget_ms", "US_PER_OP"]
+__all__ = ["Knobs", "SearchResult", "search", "search_detailed", "run_knobs", "polish", "default_budget_ms"]
 
-US_PER_OP = 1.5
-"""Assumed kernel cost per scheduled op (µs) when turning a time budget into an evaluation count."""
+KERNEL_US_PER_OP = 1.3
+"""Estimated cost (µs per op) of one generator run (:func:`run_knobs`)."""
+TIMELINE_US_PER_OP = 0.6
+"""Estimated cost (µs per op) of one fixed-order re-timing in :func:`polish`."""
+SIMULATE_US_PER_OP = 4.0
+"""Estimated cost (µs per op) of generator + ``simulate.makespan`` under non-static links/depth."""
 
 _F, _I, _W = 0, 1, 2
 WAIT_W = 1
@@ -346,20 +351,16 @@ def _move(order: Sequence[Code], i: int, j: int) -> list[Code]:
     return out
 
 
-def polish(
-    model: CostModel, orders: Sequence[Sequence[Op]], max_evaluations: int
-) -> tuple[float, tuple[Order, ...], int]:
-    """Improve fixed orders by critical-block insertions (first improvement), under static
-    non-blocking links and the memory budget. Returns (makespan, orders, evaluations used)."""
-    code = {"F": _F, "I": _I, "W": _W}
-    cur = [[(code[op.kind], op.mb) for op in o] for o in orders]
-    caps = [model.budget(s) for s in range(model.stages)]
+def _descend(
+    model: CostModel, cur: list[list[Code]], caps: Sequence[int], max_evaluations: int
+) -> tuple[float, float, list[list[Code]], int] | None:
+    """First-improvement descent over critical-block insertions; None if ``cur`` deadlocks."""
     res = _timeline(model, cur)
     if res is None:
-        raise ValueError("polish: the given orders deadlock")
+        return None
     cur_ms, starts, ends = res
     cur_sec = sum(e[-1] for e in ends if e)
-    used = 0
+    used = 1
     while used < max_evaluations:
         improved = False
         for s, i, j in _block_moves(_critical_blocks(model, cur, starts, ends)):
@@ -385,8 +386,51 @@ def polish(
                 break
         if not improved:
             break
+    return cur_ms, cur_sec, cur, used
+
+
+def _perturb(cur: list[list[Code]], caps: Sequence[int], rng: random.Random, swaps: int) -> list[list[Code]]:
+    """``swaps`` random adjacent transpositions that keep each stage order valid."""
+    out = [o[:] for o in cur]
+    for _ in range(swaps):
+        for _attempt in range(20):
+            s = rng.randrange(len(out))
+            if len(out[s]) < 2:
+                continue
+            i = rng.randrange(len(out[s]) - 1)
+            a, b = out[s][i], out[s][i + 1]
+            if a[1] == b[1]:
+                continue
+            cand = out[s][:]
+            cand[i], cand[i + 1] = b, a
+            if _stage_ok(cand, caps[s]):
+                out[s] = cand
+                break
+    return out
+
+
+def polish(
+    model: CostModel, orders: Sequence[Sequence[Op]], max_evaluations: int, *, seed: int = 0
+) -> tuple[float, tuple[Order, ...], int]:
+    """Improve fixed orders under static non-blocking links and the memory budget: descent over
+    critical-block insertions, then iterated local search (seeded random valid swaps + descent,
+    keep the best) while evaluations remain. Returns (makespan, orders, evaluations used)."""
+    code = {"F": _F, "I": _I, "W": _W}
+    start = [[(code[op.kind], op.mb) for op in o] for o in orders]
+    caps = [model.budget(s) for s in range(model.stages)]
+    first = _descend(model, start, caps, max_evaluations)
+    if first is None:
+        raise ValueError("polish: the given orders deadlock")
+    best_ms, best_sec, best, used = first
+    rng = random.Random(seed)
+    while used < max_evaluations:
+        trial = _perturb(best, caps, rng, 1 + rng.randrange(3))
+        res = _descend(model, trial, caps, max_evaluations - used)
+        used += 1 if res is None else res[3]
+        if res is not None and (res[0], res[1]) < (best_ms - 1e-9, best_sec - 1e-9):
+            best_ms, best_sec, best = res[0], res[1], res[2]
     kinds = ("F", "I", "W")
-    return cur_ms, tuple(tuple(Op(kinds[c], m) for c, m in o) for o in cur), used
+    return best_ms, tuple(tuple(Op(kinds[c], m) for c, m in o) for o in best), used
 
 
 def default_budget_ms(model: CostModel) -> float:
@@ -507,8 +551,17 @@ def search_detailed(
     ops = 3 * S * N
     budget_ms = default_budget_ms(model) if time_budget_ms is None else float(time_budget_ms)
     static = _is_static(model, links, depth)
-    per_eval = ops * US_PER_OP * (1.0 if static else 2.5)
-    budget = max(1, int(budget_ms * 1000.0 / per_eval)) if max_evaluations is None else int(max_evaluations)
+    eval_us = ops * (KERNEL_US_PER_OP if static else SIMULATE_US_PER_OP)
+    if max_evaluations is not None:  # explicit count (tests): knob evaluations + polish evaluations
+        budget = int(max_evaluations)
+        knob_budget = budget // 2 if static else budget
+        polish_budget = budget - knob_budget
+    else:
+        budget_us = budget_ms * 1000.0
+        knob_share = 0.5 if static else 1.0
+        knob_budget = max(1, int(budget_us * knob_share / eval_us))
+        polish_budget = int(budget_us * (1.0 - knob_share) / (ops * TIMELINE_US_PER_OP))
+        budget = knob_budget + polish_budget
 
     score: Callable[[Knobs], float]
     if static:
@@ -552,7 +605,6 @@ def search_detailed(
     best_rank, _, best = ranked[0]
     # Hill-climb (first improvement, memoised, deterministic order) from the best start, then from
     # the next-best starts while evaluations remain.
-    knob_budget = budget if not static else max(len(memo), budget // 2)
     for start_rank, _, start in ranked:
         if len(memo) >= knob_budget:
             break
@@ -576,8 +628,10 @@ def search_detailed(
     assert orders is not None
     final_ms = memo[best.key()]
     used = len(memo)
-    if static and used < budget:
-        pol_ms, pol_orders, pol_used = polish(model, orders, budget - used)
+    # Polishing gets its own share plus what the knob phase left (converted to re-timing cost).
+    polish_budget += int(max(0, knob_budget - used) * eval_us / (ops * TIMELINE_US_PER_OP))
+    if static and polish_budget > 0:
+        pol_ms, pol_orders, pol_used = polish(model, orders, polish_budget)
         used += pol_used
         if pol_ms < final_ms - 1e-9:
             final_ms, orders = pol_ms, pol_orders
