@@ -171,7 +171,7 @@ def test_memory_below_schedule_need(capsys) -> None:
     pytest.importorskip("titan_morph.pipelining.builders")
     rc, _, err = _run(capsys, *FIG4, "--schedule", "zb-h2", "--memory", "3")
     assert rc == 2 and err.count("\n") == 1
-    assert "--schedule zb-h2" in err and "stage 0" in err and "3" in err
+    assert "--memory 3" in err and "zb-h2" in err and "stage 0 needs 7" in err and "M_0 = 3" in err
 
 
 def test_run_delay_inf_means_link_down(capsys, zb_h2_csv: Path) -> None:

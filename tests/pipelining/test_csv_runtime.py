@@ -1,10 +1,11 @@
 """Real 2-rank gloo run of torch's ``_PipelineScheduleRuntime`` loading our compute-only CSV.
 
-Each rank holds one ``PipelineStage`` of a tiny 2-stage MLP; the schedule CSV comes from
-``export.write_csv`` (builders' zb-h1 / 1f1b-iw / 1f1b plans, or hand-written orders when the
-builders are not there). Two training iterations (SGD) must give the same losses, gradients and
+Each rank holds one ``PipelineStage`` of a tiny 2- or 3-stage MLP; the schedule CSV comes from
+``export.write_csv`` of our builders' plans (zb-h1, 1f1b-iw, 1f1b, zb-h2, and a PipeMorph plan made
+for a 30 ms straggler). Two training iterations (SGD) must give the same losses, gradients and
 parameters as the unpipelined model in one process. Run: ``.venv/bin/pytest tests/pipelining/test_csv_runtime.py``.
-The file is also the worker script: ``python test_csv_runtime.py --worker RANK INIT CSV OUT``.
+The file is also the worker script:
+``python test_csv_runtime.py --worker RANK STAGES MICROBATCHES INIT OUT_DIR CSV...``.
 """
 
 from __future__ import annotations
@@ -16,51 +17,53 @@ from pathlib import Path
 
 import pytest
 
+from titan_morph.pipelining.builders import build
 from titan_morph.pipelining.export import read_csv, write_csv
 from titan_morph.pipelining.model import CostModel, Op, validate_orders
 
-STAGES, MICROBATCHES, BATCH, ITERS, LR = 2, 4, 8, 2, 0.1
+ITERS, LR = 2, 0.1
 TIMEOUT_S = 120
+# name -> (stages, microbatches, planning delays per link, builder options)
+CASES = {
+    "zb-h1": (2, 4, (0.0,), {}),
+    "1f1b-iw": (2, 4, (0.0,), {}),
+    "1f1b": (2, 4, (0.0,), {}),
+    "zb-h2": (3, 6, (0.0, 0.0), {}),
+    "pipemorph": (3, 6, (0.0, 30.0), {"search": True}),  # x = Alg. 2 / search warm-up under a straggler
+}
 
 
 def _orders(text: str) -> tuple[tuple[Op, ...], ...]:
     return tuple(tuple(Op.parse(t) for t in line.split()) for line in text.strip().splitlines())
 
 
-HAND_ORDERS = {  # S=2, N=4, one stage per rank
-    "zb-h1": _orders("F0 F1 I0 F2 I1 F3 I2 W0 I3 W1 W2 W3\nF0 I0 F1 I1 F2 I2 W0 F3 I3 W1 W2 W3"),
-    "1f1b-iw": _orders("F0 F1 I0 W0 F2 I1 W1 F3 I2 W2 I3 W3\nF0 I0 W0 F1 I1 W1 F2 I2 W2 F3 I3 W3"),
-    "1f1b": _orders("F0 F1 B0 F2 B1 F3 B2 B3\nF0 B0 F1 B1 F2 B2 F3 B3"),
-}
-
-
 def _schedule_orders(name: str) -> tuple[tuple[Op, ...], ...]:
-    """Orders from the builders when they exist (the point of the test), else the hand-written ones."""
-    model = CostModel.uniform(STAGES, MICROBATCHES, 10.0, 10.0, 10.0)
-    try:
-        from titan_morph.pipelining.builders import build
-    except ImportError:
-        return HAND_ORDERS[name]
-    return build(name, model).orders
+    """Orders made by our builders for ``CASES[name]``."""
+    stages, microbatches, delays, kw = CASES[name]
+    model = CostModel.uniform(stages, microbatches, 10.0, 10.0, 10.0, delays=delays)
+    return build(name, model, **kw).orders
 
 
-def _build_model():
+def _build_model(stages: int):
+    """A tiny MLP of ``stages`` parts (same seed everywhere): part s is pipeline stage s."""
     import torch
     from torch import nn
 
     torch.manual_seed(0)
-    return nn.Sequential(nn.Sequential(nn.Linear(8, 16), nn.Tanh()), nn.Linear(16, 4))
+    parts = [nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(stages - 1)] + [nn.Linear(8, 4)]
+    return nn.Sequential(*parts)
 
 
-def _data(it: int):
+def _data(it: int, microbatches: int):
     import torch
 
     g = torch.Generator().manual_seed(100 + it)
-    return torch.randn(BATCH, 8, generator=g), torch.randn(BATCH, 4, generator=g)
+    batch = 2 * microbatches
+    return torch.randn(batch, 8, generator=g), torch.randn(batch, 4, generator=g)
 
 
-def _worker(rank: int, init: str, csv_path: str, out: str) -> None:
-    """One pipeline rank: stage ``rank`` of the MLP under ``_PipelineScheduleRuntime`` + our CSV."""
+def _worker(rank: int, stages: int, microbatches: int, init: str, out_dir: str, csv_paths: list[str]) -> None:
+    """One pipeline rank: for each CSV, stage ``rank`` of a fresh MLP under ``_PipelineScheduleRuntime``."""
     from datetime import timedelta
 
     import torch
@@ -68,49 +71,52 @@ def _worker(rank: int, init: str, csv_path: str, out: str) -> None:
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=STAGES, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=stages, timeout=timedelta(seconds=60))
     try:
-        part = _build_model()[rank]
-        stage = PipelineStage(part, rank, STAGES, torch.device("cpu"))
-        schedule = _PipelineScheduleRuntime([stage], n_microbatches=MICROBATCHES, loss_fn=torch.nn.MSELoss())
-        schedule._load_csv(csv_path, "compute_only")
-        opt = torch.optim.SGD(part.parameters(), lr=LR)
-        record: dict = {"losses": [], "grads": []}
-        for it in range(ITERS):
-            x, y = _data(it)
-            opt.zero_grad()
-            losses: list = []
-            if rank == 0:
-                schedule.step(x)
-            else:
-                schedule.step(target=y, losses=losses)
-                record["losses"].append(torch.stack(losses).mean().item())
-            record["grads"].append({n: p.grad.clone() for n, p in part.named_parameters()})
-            opt.step()
-        record["params"] = {n: p.detach().clone() for n, p in part.named_parameters()}
-        torch.save(record, out)
-        dist.barrier()
+        for csv_path in csv_paths:
+            part = _build_model(stages)[rank]
+            stage = PipelineStage(part, rank, stages, torch.device("cpu"))
+            schedule = _PipelineScheduleRuntime([stage], n_microbatches=microbatches, loss_fn=torch.nn.MSELoss())
+            schedule._load_csv(csv_path, "compute_only")
+            opt = torch.optim.SGD(part.parameters(), lr=LR)
+            record: dict = {"losses": [], "grads": []}
+            for it in range(ITERS):
+                x, y = _data(it, microbatches)
+                opt.zero_grad()
+                losses: list = []
+                if rank == 0:
+                    schedule.step(x)
+                elif rank < stages - 1:
+                    schedule.step()
+                else:
+                    schedule.step(target=y, losses=losses)
+                    record["losses"].append(torch.stack(losses).mean().item())
+                record["grads"].append({n: p.grad.clone() for n, p in part.named_parameters()})
+                opt.step()
+            record["params"] = {n: p.detach().clone() for n, p in part.named_parameters()}
+            torch.save(record, Path(out_dir) / f"{Path(csv_path).stem}.rank{rank}.pt")
+            dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def _reference() -> list[dict]:
+def _reference(stages: int, microbatches: int) -> list[dict]:
     """The same two iterations without pipelining, per stage: losses, grads, final params."""
     import torch
 
-    model = _build_model()
+    model = _build_model(stages)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    recs: list[dict] = [{"losses": [], "grads": []} for _ in range(STAGES)]
+    recs: list[dict] = [{"losses": [], "grads": []} for _ in range(stages)]
     for it in range(ITERS):
-        x, y = _data(it)
+        x, y = _data(it, microbatches)
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
         recs[-1]["losses"].append(loss.item())
-        for s in range(STAGES):
+        for s in range(stages):
             recs[s]["grads"].append({n: p.grad.clone() for n, p in model[s].named_parameters()})
         opt.step()
-    for s in range(STAGES):
+    for s in range(stages):
         recs[s]["params"] = {n: p.detach().clone() for n, p in model[s].named_parameters()}
     return recs
 
@@ -121,24 +127,37 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", ["zb-h1", "1f1b-iw", "1f1b"])
-def test_torch_runtime_runs_our_csv_like_unpipelined_training(name: str, tmp_path: Path) -> None:
+def _groups() -> dict[str, list[str]]:
+    """Cases sharing (stages, microbatches) run in one launch of the ranks (torch imports are slow)."""
+    groups: dict[str, list[str]] = {}
+    for name, (stages, microbatches, _, _) in CASES.items():
+        groups.setdefault(f"S{stages}-N{microbatches}", []).append(name)
+    return groups
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("group", list(_groups()))
+def test_torch_runtime_runs_our_csv_like_unpipelined_training(group: str, tmp_path: Path) -> None:
     import torch
 
-    orders = _schedule_orders(name)
-    validate_orders(CostModel.uniform(STAGES, MICROBATCHES, 1.0, 1.0, 1.0), orders)
-    csv_path = write_csv(orders, tmp_path / f"{name}.csv")
-    assert read_csv(csv_path) == tuple(tuple(o) for o in orders)
+    names = _groups()[group]
+    stages, microbatches = CASES[names[0]][:2]
+    csv_paths = []
+    for name in names:
+        orders = _schedule_orders(name)
+        validate_orders(CostModel.uniform(stages, microbatches, 1.0, 1.0, 1.0), orders)
+        csv_paths.append(write_csv(orders, tmp_path / f"{name}.csv"))
+        assert read_csv(csv_paths[-1]) == tuple(tuple(o) for o in orders)
     init = f"tcp://127.0.0.1:{_free_port()}"
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, "--worker", str(r), init, str(csv_path), str(tmp_path / f"rank{r}.pt")],
+            [sys.executable, __file__, "--worker", str(r), str(stages), str(microbatches), init, str(tmp_path)]
+            + [str(p) for p in csv_paths],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for r in range(STAGES)
+        for r in range(stages)
     ]
     logs = []
     try:
@@ -146,25 +165,26 @@ def test_torch_runtime_runs_our_csv_like_unpipelined_training(name: str, tmp_pat
             try:
                 logs.append(p.communicate(timeout=TIMEOUT_S)[0])
             except subprocess.TimeoutExpired:
-                pytest.fail(f"{name}: pipeline rank did not finish within {TIMEOUT_S} s (hang in the CSV schedule?)")
+                pytest.fail(f"{names}: pipeline rank did not finish within {TIMEOUT_S} s (hang in a CSV schedule?)")
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
     for r, p in enumerate(procs):
-        assert p.returncode == 0, f"{name}: rank {r} failed (rc {p.returncode}):\n{logs[r][-4000:]}"
-    ref = _reference()
-    for r in range(STAGES):
-        got = torch.load(tmp_path / f"rank{r}.pt")
-        for it in range(ITERS):
-            for n, g in ref[r]["grads"][it].items():
-                torch.testing.assert_close(got["grads"][it][n], g, rtol=1e-5, atol=1e-6, msg=f"{name} it{it} {n}")
-        for n, p in ref[r]["params"].items():
-            torch.testing.assert_close(got["params"][n], p, rtol=1e-5, atol=1e-6, msg=f"{name} final {n}")
-    last = torch.load(tmp_path / f"rank{STAGES - 1}.pt")
-    assert last["losses"] == pytest.approx(ref[-1]["losses"], rel=1e-5)
+        assert p.returncode == 0, f"{names}: rank {r} failed (rc {p.returncode}):\n{logs[r][-4000:]}"
+    ref = _reference(stages, microbatches)
+    for name in names:
+        for r in range(stages):
+            got = torch.load(tmp_path / f"{name}.rank{r}.pt")
+            for it in range(ITERS):
+                for n, g in ref[r]["grads"][it].items():
+                    torch.testing.assert_close(got["grads"][it][n], g, rtol=1e-5, atol=1e-6, msg=f"{name} it{it} {n}")
+            for n, p in ref[r]["params"].items():
+                torch.testing.assert_close(got["params"][n], p, rtol=1e-5, atol=1e-6, msg=f"{name} final {n}")
+        last = torch.load(tmp_path / f"{name}.rank{stages - 1}.pt")
+        assert last["losses"] == pytest.approx(ref[-1]["losses"], rel=1e-5), name
 
 
-if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "--worker":
-    _worker(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])
+if __name__ == "__main__" and len(sys.argv) >= 8 and sys.argv[1] == "--worker":
+    _worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6], sys.argv[7:])

@@ -178,16 +178,22 @@ def _build(args: argparse.Namespace, model: CostModel) -> Plan:
     from . import builders
 
     kw: dict[str, Any] = {}
-    if args.schedule == "pipemorph":
-        kw.update(search=not args.no_search, depth=args.depth)
+    if args.schedule != "pipemorph" and (args.no_search or args.search_ms is not None):
+        raise UsageError(f"--no-search/--search-ms apply to --schedule pipemorph only, not {args.schedule}")
+    if args.search_ms is not None and not args.search_ms > 0:
+        raise UsageError(f"--search-ms must be > 0 ms, got {args.search_ms:g}")
+    if args.schedule == "pipemorph" and not args.no_search:
+        # search.search: best simulated makespan under the planning delays and this transport.
+        kw.update(search=True, depth=args.depth)
         if args.search_ms is not None:
             kw["time_budget_ms"] = args.search_ms
-    elif args.no_search or args.search_ms is not None:
-        raise UsageError(f"--no-search/--search-ms apply to --schedule pipemorph only, not {args.schedule}")
+    elif args.search_ms is not None:
+        raise UsageError("--search-ms needs the search (drop --no-search)")
     try:
         return builders.build(args.schedule, model, **kw)
     except ValueError as exc:
-        raise UsageError(f"--schedule {args.schedule}: {exc}") from None
+        flag = f"--memory {args.memory}" if args.memory is not None and "memory" in str(exc) else "--schedule"
+        raise UsageError(f"{flag}: {exc}") from None
 
 
 def _load(args: argparse.Namespace) -> tuple[Plan, tuple[float, ...]]:
@@ -342,6 +348,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"{PROG}: error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 2
+    try:
+        _print_report(plan, result, planned, run_delays, args, files)
+    except BrokenPipeError:  # e.g. piped into `head`
+        sys.stderr.close()
+    return 0
+
+
+def _print_report(plan: Plan, result: Any, planned: float, run_delays: Sequence[float], args, files: dict) -> None:
+    from . import export
+
     if args.json:
         print(json.dumps(_report_json(plan, result, planned, run_delays, args, files)))
     else:
@@ -350,7 +366,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\norders:\n" + export.format_orders(plan.orders), end="")
         for kind, path in files.items():
             print(f"wrote {kind}: {path}")
-    return 0
 
 
 if __name__ == "__main__":
