@@ -93,7 +93,7 @@ def test_pipemorph_plans_for_the_delay(capsys) -> None:
         assert d["slackness"][0] >= 2
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "zb-h2", "pipemorph"])
+@pytest.mark.parametrize("schedule", ["1f1b", "1f1b-iw", "gpipe", "zb-h1", "zb-h2", "pipemorph"])
 def test_summary_is_readable(capsys, schedule: str) -> None:
     pytest.importorskip("titan_morph.pipelining.builders")
     rc, out, err = _run(capsys, *FIG4, "--schedule", schedule, "--delays", "0,5,0", "--show-orders")

@@ -100,6 +100,28 @@ def test_torch_load_csv_accepts_our_csv(orders, tmp_path: Path) -> None:
     _simulate_comms_compute(comms, lambda s: rt.stage_index_to_group_rank[s], 2)
 
 
+@pytest.mark.parametrize(
+    ("schedule", "kw"),
+    [
+        ("1f1b", {}),
+        ("1f1b-iw", {}),
+        ("gpipe", {}),
+        ("zb-h1", {}),
+        ("zb-h2", {}),
+        ("pipemorph", {"delays": (0.0, 25.0, 0.0)}),
+        ("pipemorph", {"delays": (40.0, 0.0, 10.0), "memory": 5}),
+    ],
+)
+def test_torch_load_csv_accepts_every_builder(schedule: str, kw: dict, tmp_path: Path) -> None:
+    """Every named schedule (S=4, N=8) exports to a CSV torch validates and lowers to SEND/RECV."""
+    from titan_morph.pipelining.builders import build
+
+    plan = build(schedule, CostModel.uniform(4, 8, 10.0, 12.0, 8.0, **kw))
+    rt = _torch_runtime_loading(write_csv(plan, tmp_path / "s.csv"), 4, 8)
+    assert rt.pipeline_order == to_actions(plan)
+    assert read_csv(tmp_path / "s.csv") == plan.orders
+
+
 def test_torch_dump_csv_reads_back(tmp_path: Path) -> None:
     """A CSV written by torch's own ``_dump_csv(..., "compute_only")`` parses to the same orders."""
     rt = _torch_runtime_loading(write_csv(ZB_H1, tmp_path / "s.csv"), 2, 4)

@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .builders import SCHEDULES
 from .links import LinkDownError, parse_delays
 from .model import CostModel, Plan, in_flight_peak, validate_orders, warmup_count
 
 PROG = "python -m titan_morph.pipelining.plan"
-_BASE_SCHEDULES = ("1f1b", "1f1b-iw", "gpipe", "zb-h1", "zb-h2", "pipemorph")
 
 
 class UsageError(Exception):
@@ -36,14 +36,6 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line instead of usage + error
         raise UsageError(message)
-
-
-def _schedules() -> tuple[str, ...]:
-    try:
-        from .builders import SCHEDULES
-    except ImportError:  # builders not installed yet: offer the agreed names
-        return _BASE_SCHEDULES
-    return tuple(SCHEDULES)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="blocking link queue depth (NCCL-like head-of-line blocking); default: non-blocking transport",
     )
     s = p.add_argument_group("schedule")
-    s.add_argument("--schedule", default=None, choices=_schedules(), help="schedule to build (default pipemorph)")
+    s.add_argument("--schedule", default=None, choices=SCHEDULES, help="schedule to build (default pipemorph)")
     s.add_argument("--no-search", action="store_true", help="pipemorph: plain Alg. 1/2 warm-up + Alg. 3/4, no search")
     s.add_argument(
         "--search-ms", type=float, default=None, help="pipemorph: search time budget in ms (default: the builder's)"
@@ -225,12 +217,8 @@ def _load(args: argparse.Namespace) -> tuple[Plan, tuple[float, ...]]:
 
 def _tolerance(model: CostModel, warmup: Sequence[int], link: int) -> float:
     """Largest c_link Eq. 1 absorbs: (Δ_i (t^F_{i+1} + t^B_{i+1}) − t^F_i − t^B_i) / 2."""
-    try:
-        from .slackness import tolerance_ms
-    except ImportError:
-        delta = warmup[link] - warmup[link + 1]
-        i, j = link, link + 1
-        return (delta * (model.fwd[j] + model.bwd[j]) - model.fwd[i] - model.bwd[i]) / 2
+    from .slackness import tolerance_ms
+
     return tolerance_ms(model, warmup, link)
 
 
