@@ -99,3 +99,13 @@ def test_link_down_is_reported() -> None:
 def test_single_stage() -> None:
     model = CostModel.uniform(1, 3, 1, 1, 1)
     assert generate(model, (1,)) == (_ops("F0 I0 F1 I1 F2 I2 W0 W1 W2"),)
+
+
+def test_refill_keeps_stages_ahead() -> None:
+    """refill=True: below the limit an available F runs before an I (stage 0 alternates I/F)."""
+    model = CostModel.uniform(4, 30, 10, 10, 10)
+    plain = generate(model, (10, 7, 4, 1))
+    refill = generate(model, (10, 7, 4, 1), refill=True)
+    assert plain[0][10:13] == _ops("I0 I1 I2")  # the I burst after warm-up
+    assert refill[0][10:14] == _ops("I0 F10 I1 F11")
+    assert makespan(model, plain) == makespan(model, refill)

@@ -106,3 +106,36 @@ def test_fig8_knee_moves_with_slackness() -> None:
         acc = _accumulated(4, 2, slackness, cs)
         knees.append(next(c for c, a, b in zip(cs, acc, acc[1:]) if (b - a) / 5 > 2))
     assert knees == sorted(knees) and knees[0] < knees[-1]
+
+
+@pytest.mark.parametrize("link", [0, 1, 2])
+@pytest.mark.parametrize("slackness", [2, 3, 4])
+def test_fig8_fixed_orders_with_refill(link: int, slackness: int) -> None:
+    """Theorem 1 on FIXED orders planned without delay (the run-time situation).
+
+    With ``refill=True`` every stage stays x_i forwards ahead, so the orders absorb
+    c <= (Δ − 1)·t (accumulated delay Θ(c): at most 2c) and each ms beyond costs >= 5 ms.
+    """
+    stages, n = 4, 30
+    model = CostModel.uniform(stages, n, T, T, T)
+    orders = generate(model, uniform_warmup(stages, n, slackness), refill=True)
+    base = makespan(model, orders)
+
+    def acc(c: float) -> float:
+        d = [0.0] * (stages - 1)
+        d[link] = c
+        return makespan(model.with_delays(d), orders) - base
+
+    threshold = (slackness - 1) * T
+    for c in (0.0, threshold / 2, threshold):
+        assert acc(c) <= 2 * c + 1e-6
+    assert acc(threshold + T) - acc(threshold) >= 5 * T
+
+
+def test_fig8_fixed_orders_without_refill_collapse_to_delta_two() -> None:
+    """The paper's I > F > W drains the warm-up lead: fixed orders then tolerate only ~t."""
+    model = CostModel.uniform(4, 30, T, T, T)
+    for slackness in (3, 4):
+        orders = generate(model, uniform_warmup(4, 30, slackness))
+        base = makespan(model, orders)
+        assert makespan(model.with_delays([0.0, 0.0, 2 * T]), orders) - base > 10 * T

@@ -77,7 +77,7 @@ def test_generated_orders_are_valid_and_never_deadlock(data: st.DataObject) -> N
     model = data.draw(models())
     x = data.draw(warmups(model))
     split = data.draw(st.booleans())
-    orders = generate(model, x, split_backward=split)
+    orders = generate(model, x, split_backward=split, refill=data.draw(st.booleans()))
     validate_orders(model, orders)  # each op exactly once, I after F, W after I, memory budget
     counts = [warmup_count(o) for o in orders]
     assert counts == list(x)
@@ -110,7 +110,8 @@ def test_larger_in_flight_limits_stay_feasible(data: st.DataObject) -> None:
     model = data.draw(models())
     x = data.draw(warmups(model))
     limit = [data.draw(st.integers(xi, model.budget(s))) for s, xi in enumerate(x)]
-    orders = generate(model, x, limit=limit, delta=data.draw(st.none() | st.sampled_from([0.5, 3.0, 7.0])))
+    delta = data.draw(st.none() | st.sampled_from([0.5, 3.0, 7.0]))
+    orders = generate(model, x, limit=limit, delta=delta, refill=data.draw(st.booleans()))
     validate_orders(model, orders)
     assert all(in_flight_peak(o) <= lim for o, lim in zip(orders, limit))
     assert all(warmup_count(o) >= xi for o, xi in zip(orders, x))

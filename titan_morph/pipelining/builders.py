@@ -82,7 +82,9 @@ def build(schedule: str, model: CostModel, **kw: Any) -> Plan:
 
     Keyword options: ``search`` (pipemorph only: run ``search.search`` on top; extra keywords go to
     it), ``delta`` (δ-quantised generation), ``links`` (a :class:`links.LinkModel` the generator
-    plans against instead of ``model.delays``), ``warmup`` (override x_i; pipemorph only).
+    plans against instead of ``model.delays``), ``warmup`` (override x_i; pipemorph only),
+    ``refill`` (generator option: keep stages x_i forwards ahead in the steady phase, see
+    :mod:`generate`; default False = the paper's I > F > W).
     """
     name = schedule.strip().lower()
     if name not in SCHEDULES:
@@ -99,6 +101,7 @@ def build(schedule: str, model: CostModel, **kw: Any) -> Plan:
             raise ValueError("search=True needs titan_morph.pipelining.search, which is not installed") from None
         return search_mod.search(model, **kw)
     delta = kw.pop("delta", None)
+    refill = bool(kw.pop("refill", False))
     links = kw.pop("links", None)
     warmup = kw.pop("warmup", None)
     if kw:
@@ -114,9 +117,9 @@ def build(schedule: str, model: CostModel, **kw: Any) -> Plan:
         return Plan(name, x, _gpipe(model), model)
     x = check_warmup(model, x)
     if name in ("1f1b", "1f1b-iw"):
-        orders = generate(model, x, split_backward=False, delta=delta, links=links)
+        orders = generate(model, x, split_backward=False, delta=delta, links=links, refill=refill)
         if name == "1f1b-iw":
             orders = split_fused(orders)
     else:
-        orders = generate(model, x, delta=delta, links=links)
+        orders = generate(model, x, delta=delta, links=links, refill=refill)
     return Plan(name, x, orders, model)

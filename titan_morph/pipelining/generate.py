@@ -18,6 +18,12 @@ Deviations from the paper's pseudo-code (and why):
   depends on ``I[s,m]`` of the *same* stage, so ``W`` becomes ready on stage i when its ``I`` ends.
 * Alg. 4 line 14/16 marks the successor ready at ``t + c`` with t the decision time; we use the
   producing op's *end* + c (the op must finish before its output can be sent).
+* Optional ``refill=True`` (not in the paper): in the steady phase a stage below its in-flight
+  limit runs an available ``F`` *before* an ``I``. With the paper's ``I > F > W`` the burst of
+  ``I``s that follows the warm-up drains the lead the warm-up built, so orders planned without
+  delay keep an *effective* slackness of ~2 whatever x_i is (their Fig. 8 knee sits at c ≈ t for
+  every Δ). Refilling keeps each stage x_i forwards ahead, so fixed orders absorb c <= (Δ_i − 1)t
+  exactly as Theorem 1 predicts (tests/pipelining/test_paper_figures.py). Fig. 4/5 are unchanged.
 * Per-stage ready queues (heaps by microbatch) make every decision O(log N); one pass is
   O(S·N·log) — about 2 ms for S=8, N=32.
 
@@ -96,12 +102,14 @@ def generate(
     links: LinkModel | None = None,
     t0: float = 0.0,
     step: int = 0,
+    refill: bool = False,
 ) -> tuple[Order, ...]:
     """Per-stage operation orders by Alg. 3/4 (event-driven; δ-quantised when ``delta`` is set).
 
     ``warmup`` = x_i, ``limit`` = in-flight cap per stage (default x_i), ``split_backward=False``
     emits fused ``B`` ops (1F1B-style) instead of ``I``/``W``. Delays come from ``model.delays``
-    unless ``links`` is given (looked up at ``t0 + t`` and ``step``).
+    unless ``links`` is given (looked up at ``t0 + t`` and ``step``). ``refill=True``: in the
+    steady phase prefer ``F`` over ``I`` while below the limit (keeps the slackness; see module doc).
     """
     x = check_warmup(model, warmup)
     lim = check_limit(model, x, limit)
@@ -156,6 +164,8 @@ def generate(
                 if rq[_F]:
                     code = _F
                     warm_left[s] -= 1
+            elif refill and rq[_F] and in_flight[s] < lim[s]:
+                code = _F
             elif rq[_I]:
                 code = _I
             elif rq[_F] and in_flight[s] < lim[s]:
