@@ -173,23 +173,73 @@ def optimal_makespan(
     workers: int = 2,
     hint: Sequence[Sequence[Op]] | None = None,
     use_default_hint: bool = True,
-    fifo: bool = False,
+    fifo: bool | None = None,
     seed: int = 0,
 ) -> ExactResult:
     """Minimum makespan of one iteration (split backward, static delays, non-blocking links).
 
     ``hint``: orders to warm-start from (default: the search's plan when search.py is importable).
-    ``fifo=True`` adds the unproven FIFO symmetry rules (faster; see the module docstring).
-    Returns the best orders found and CP-SAT's bound; ``optimal`` is True when they meet.
-    Deterministic for a given ``workers`` and ``seed`` only when the time limit is not hit.
+    ``fifo``: ``False`` solves the full model only; ``True`` only the FIFO-restricted one (its
+    "optimal" is optimal among FIFO schedules); ``None`` (default) first solves the FIFO model with
+    a third of the time (fast, usually the true optimum), then the full model warm-started from it,
+    whose bound certifies optimality. Returns the best orders found and the full model's bound
+    (``optimal`` is True when they meet). Reproducible for a given ``workers``/``seed`` only when
+    no time limit is hit.
     """
-    cp_model = _import_cp_model()
+    _import_cp_model()
     if time_limit_s <= 0:
         raise ValueError(f"time_limit_s must be > 0, got {time_limit_s}")
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     if any(math.isinf(c) for c in model.delays):
         raise ValueError("exact: a link delay is inf (link down); no finite schedule exists")
+    t_start = time.perf_counter()
+    if hint is None and use_default_hint:
+        hint = _default_hint(model)
+    hint_orders = _split(hint) if hint is not None else None
+    if fifo is not None:
+        res = _solve(model, time_limit_s, workers, hint_orders, fifo, seed)
+        return _replace_wall(res, t_start)
+    first = _solve(model, time_limit_s / 3.0, workers, hint_orders, True, seed)
+    rest = max(0.1, time_limit_s - (time.perf_counter() - t_start))
+    full = _solve(model, rest, workers, first.orders, False, seed)
+    best = full if full.makespan <= first.makespan else first
+    bound = min(full.lower_bound, best.makespan)
+    return ExactResult(
+        makespan=best.makespan,
+        lower_bound=bound,
+        optimal=best.makespan <= bound + 1e-9,
+        orders=best.orders,
+        scale=full.scale,
+        rounded=full.rounded,
+        wall_s=time.perf_counter() - t_start,
+        status=f"fifo:{first.status} full:{full.status}",
+    )
+
+
+def _replace_wall(res: ExactResult, t_start: float) -> ExactResult:
+    return ExactResult(
+        res.makespan,
+        res.lower_bound,
+        res.optimal,
+        res.orders,
+        res.scale,
+        res.rounded,
+        time.perf_counter() - t_start,
+        res.status,
+    )
+
+
+def _solve(
+    model: CostModel,
+    time_limit_s: float,
+    workers: int,
+    hint_orders: tuple[Order, ...] | None,
+    fifo: bool,
+    seed: int,
+) -> ExactResult:
+    """One CP-SAT solve of the model described in the module docstring."""
+    cp_model = _import_cp_model()
     t_start = time.perf_counter()
     S, N = model.stages, model.microbatches
     kinds = ("F", "I", "W")
@@ -200,10 +250,6 @@ def optimal_makespan(
 
     dur = {(s, k): q(model.duration(s, k)) for s in range(S) for k in kinds}
     delay = [q(c) for c in model.delays]
-
-    if hint is None and use_default_hint:
-        hint = _default_hint(model)
-    hint_orders = _split(hint) if hint is not None else None
     hint_times = asap_times(model, hint_orders) if hint_orders is not None else None
 
     # Horizon: a fully serial schedule (one microbatch at a time) is always feasible.
