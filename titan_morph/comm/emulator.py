@@ -1,0 +1,469 @@
+"""Link emulator: delay real pipeline messages exactly as the shared link model says (issue 4 item 3).
+
+Semantics come from ``titan_morph.pipelining.links`` (one definition for simulator and emulator):
+a message accepted on a link at ``t`` with delay ``c`` is delivered at ``t + c``; links are FIFO
+per (link, direction); with ``depth=d`` (the default transport / NCCL model) a send issued while
+``d`` messages are in flight blocks the caller until the oldest is delivered (head-of-line
+blocking, what the paper's §3 measures); ``depth=None`` (a decoupled transport, §5) never blocks;
+``inf`` delay means the link is down (:class:`LinkDownError`). :class:`LinkQueue` makes every
+timing decision here, so measured and predicted iteration times are comparable.
+
+How it works. A *message* is the ops one ``batch_p2p`` call addresses to one (link, direction)
+(one microbatch's activations or gradients); both sides of a link group identically (torch's
+stages do). Sends are held on the sender: per (link, direction) a thread releases each message to
+the inner transport at its delivery time, so the receiver sees it ≈ ``accepted + c`` later.
+Receives are posted to the inner transport at once. Their ``wait`` first waits (bounded) for the
+sender's release notice in the c10d store, then for the inner work, which by then is in flight.
+This side channel exists because gloo cannot poll a receive: ``Work.is_completed`` stays False
+until ``wait`` and a ``wait(timeout)`` that expires closes the pair; with it every wait is bounded
+and a refused send on a down link reaches the receiver as :class:`LinkDownError` at once, never
+as a hang.
+
+Time base: all ranks share ``epoch`` (a ``time.monotonic()`` value, see :func:`sync_epoch`); times
+handed to the link model are ms since the epoch, and step-keyed traces read :attr:`step`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import itertools
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from titan_morph.comm.transport import Handle, Transport, group_by_link, op_nbytes
+from titan_morph.pipelining.links import LinkDownError, LinkModel, LinkQueue
+
+__all__ = ["CommTimeoutError", "EmulatedTransport", "LinkDownError", "MessageRecord", "sync_epoch"]
+
+
+class CommTimeoutError(TimeoutError):
+    """A pipeline message did not complete within its bound (names link, direction and peer)."""
+
+
+def sync_epoch(group: dist.ProcessGroup | None = None) -> float:
+    """Broadcast group rank 0's ``time.monotonic()``; every rank uses it as t=0 of the link model.
+
+    On one host ``CLOCK_MONOTONIC`` is shared by all processes, so the epoch is exact. Across hosts
+    monotonic clocks are unrelated: there each host would need its own offset (e.g. from
+    ``time.time()`` under NTP, ~ms accurate); this emulator targets one host.
+    """
+    t = torch.tensor([time.monotonic()], dtype=torch.float64)
+    dist.broadcast(t, group=group, group_src=0)
+    return float(t.item())
+
+
+@dataclass
+class MessageRecord:
+    """One emulated message as seen by one side; times are ms since the epoch.
+
+    Sender: ``issued`` (batch_p2p called), ``accepted`` (after head-of-line blocking), ``planned``
+    (= intended delivery, ``accepted + delay_ms`` or later for FIFO), ``released`` (handed to the
+    inner transport), ``completed`` (its wait returned). Receiver: ``issued`` (recv posted),
+    ``notified`` (sender's release seen), ``completed`` (data in the buffer, observed by wait).
+    Observed delay of message ``seq`` = receiver ``completed`` − sender ``accepted``.
+    """
+
+    side: str
+    link: int
+    direction: str
+    seq: int
+    nbytes: int
+    step: int
+    peer_stage: int
+    issued: float
+    accepted: float | None = None
+    planned: float | None = None
+    delay_ms: float | None = None
+    released: float | None = None
+    notified: float | None = None
+    completed: float | None = None
+    status: str = "pending"  # pending | done | down | error
+
+    @property
+    def blocked_ms(self) -> float:
+        return 0.0 if self.accepted is None else self.accepted - self.issued
+
+
+class _Outgoing:
+    __slots__ = ("ops", "release_at", "key", "record", "done", "handles", "error")
+
+    def __init__(self, ops: list[dist.P2POp], release_at: float, key: str, record: MessageRecord) -> None:
+        self.ops, self.release_at, self.key, self.record = ops, release_at, key, record
+        self.done = threading.Event()
+        self.handles: list[Handle] = []
+        self.error: BaseException | None = None
+
+
+class _Sender(threading.Thread):
+    """Releases one (link, direction)'s messages to the inner transport at their delivery times."""
+
+    def __init__(self, owner: EmulatedTransport, link: int, direction: str) -> None:
+        super().__init__(name=f"titan_morph-link{link}-{direction}", daemon=True)
+        self.owner, self.link, self.direction = owner, link, direction
+        self.items: deque[_Outgoing] = deque()
+        self.cond = threading.Condition()
+        self.stopping = False
+        self.abort = threading.Event()
+
+    def put(self, item: _Outgoing) -> None:
+        with self.cond:
+            if self.stopping:
+                raise RuntimeError(f"EmulatedTransport is closed (link {self.link} {self.direction})")
+            self.items.append(item)
+            self.cond.notify()
+
+    def run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.items and not self.stopping:
+                    self.cond.wait()
+                if not self.items:
+                    return
+                item = self.items[0]
+            remaining = item.release_at - time.monotonic()
+            if remaining > 0 and self.abort.wait(remaining):
+                self._fail_all(RuntimeError("EmulatedTransport closed before the message was released"))
+                return
+            with self.cond:
+                self.items.popleft()
+            try:
+                item.handles = self.owner.inner.batch_p2p(item.ops)
+                item.record.released = self.owner.now_ms()
+                self.owner._notify(item.key, f"ok:{item.record.nbytes}")
+            except BaseException as e:  # surfaced by the handle's wait()
+                item.error = e
+                item.record.status = "error"
+            item.done.set()
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self.cond:
+            items, self.items = list(self.items), deque()
+        for item in items:
+            item.error = error
+            item.record.status = "error"
+            item.done.set()
+
+
+class _SendHandle:
+    def __init__(self, owner: EmulatedTransport, item: _Outgoing) -> None:
+        self.owner, self.item = owner, item
+
+    def wait(self, timeout: float | None = None) -> bool:
+        item, rec = self.item, self.item.record
+        deadline = time.monotonic() + (self.owner.timeout_s if timeout is None else timeout)
+        if not item.done.wait(max(0.0, deadline - time.monotonic())):
+            raise CommTimeoutError(
+                f"send of message {rec.seq} on link {rec.link} ({rec.direction}) to stage {rec.peer_stage} was not "
+                f"released within {self.owner.timeout_s if timeout is None else timeout:.3g} s "
+                f"(planned delivery at {rec.planned:.1f} ms, now {self.owner.now_ms():.1f} ms)"
+            )
+        if item.error is not None:
+            raise item.error
+        for h in item.handles:
+            h.wait(max(0.0, deadline - time.monotonic()))
+        if rec.completed is None:
+            rec.completed = self.owner.now_ms()
+            rec.status = "done"
+        return True
+
+    def is_completed(self) -> bool:
+        return self.item.record.completed is not None
+
+
+class _RecvHandle:
+    def __init__(self, owner: EmulatedTransport, handles: list[Handle], key: str, record: MessageRecord) -> None:
+        self.owner, self.handles, self.key, self.record = owner, handles, key, record
+        self._done = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._done:
+            return True
+        owner, rec = self.owner, self.record
+        bound = owner.timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + bound
+        down_since: float | None = None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                rec.status = "error"
+                raise CommTimeoutError(
+                    f"receive of message {rec.seq} on link {rec.link} ({rec.direction}) from stage {rec.peer_stage} "
+                    f"did not arrive within {bound:.3g} s (posted at {rec.issued:.1f} ms, step {rec.step})"
+                )
+            if owner._await_key(self.key, min(owner.poll_s, remaining)):
+                break
+            if math.isinf(owner.links.delay_ms(rec.link, rec.direction, owner.now_ms(), owner.step)):
+                down_since = time.monotonic() if down_since is None else down_since
+                if time.monotonic() - down_since >= owner.down_grace_s:
+                    rec.status = "down"
+                    raise LinkDownError(
+                        rec.link, rec.direction, f": nothing arrived from stage {rec.peer_stage} (message {rec.seq})"
+                    )
+            else:
+                down_since = None
+        value = owner._take_key(self.key)
+        rec.notified = owner.now_ms()
+        if value.startswith("down"):
+            rec.status = "down"
+            raise LinkDownError(rec.link, rec.direction, f": stage {rec.peer_stage} could not send message {rec.seq}")
+        sent_bytes = int(value.split(":", 1)[1])
+        if sent_bytes != rec.nbytes:
+            rec.status = "error"
+            raise RuntimeError(
+                f"link {rec.link} ({rec.direction}) message {rec.seq}: stage {rec.peer_stage} sent {sent_bytes} bytes "
+                f"but this stage posted {rec.nbytes}; both sides must group ops into messages identically"
+            )
+        for h in self.handles:
+            h.wait(max(0.0, deadline - time.monotonic()))
+        rec.completed = owner.now_ms()
+        rec.status = "done"
+        self._done = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done
+
+
+_instances = itertools.count()
+
+
+class EmulatedTransport:
+    """Wraps ``inner`` and delays pipeline messages per ``links`` (see module docstring).
+
+    Args:
+        inner: the transport that moves the bytes (e.g. :class:`TorchTransport`); closed by ``close``.
+        links: the shared link model (``StaticDelays``, ``RandomDelays``, ``TraceDelays``...).
+        stage, num_stages: this rank's stage (= its rank in ``group``) and the pipeline size.
+        group: the pipeline process group (None = default group); ops on other groups pass through.
+        depth: in-flight bound per (link, direction): an int models the blocking default
+            transport, None a decoupled one (see ``LinkQueue``).
+        epoch: shared t=0 as a ``time.monotonic()`` value (:func:`sync_epoch`).
+        record: keep a :class:`MessageRecord` per message (``records()``).
+        timeout_s: default bound of every ``wait``; down_grace_s: how long a receive waits on a link
+            the model says is down before raising; poll_s: how often such a wait re-checks the model.
+        store: c10d store for release notices (default: the default group's store);
+            namespace: key prefix, unique per transport instance (default: group name + a per-process
+            instance counter, identical on all ranks if they construct transports in the same order).
+    """
+
+    name = "emulated"
+
+    def __init__(
+        self,
+        inner: Transport,
+        links: LinkModel,
+        *,
+        stage: int,
+        num_stages: int,
+        group: dist.ProcessGroup | None = None,
+        depth: int | None,
+        epoch: float,
+        record: bool = True,
+        timeout_s: float = 300.0,
+        down_grace_s: float = 1.0,
+        poll_s: float = 1.0,
+        store: dist.Store | None = None,
+        namespace: str | None = None,
+    ) -> None:
+        if num_stages < 2:
+            raise ValueError(f"num_stages must be >= 2 for an emulated pipeline link, got {num_stages}")
+        if links.num_links != num_stages - 1:
+            raise ValueError(f"link model has {links.num_links} links but {num_stages} stages need {num_stages - 1}")
+        if not 0 <= stage < num_stages:
+            raise ValueError(f"stage must be in 0..{num_stages - 1}, got {stage}")
+        if depth is not None and depth < 1:
+            raise ValueError(f"depth must be >= 1 (or None for a non-blocking transport), got {depth}")
+        for nm, v in (("timeout_s", timeout_s), ("down_grace_s", down_grace_s), ("poll_s", poll_s)):
+            if not (v >= 0 and math.isfinite(v)) or (nm != "down_grace_s" and v == 0):
+                raise ValueError(f"{nm} must be a finite number of seconds > 0, got {v}")
+        if not dist.is_initialized():
+            raise RuntimeError("EmulatedTransport needs torch.distributed to be initialized")
+        self.group = group if group is not None else dist.group.WORLD
+        rank, size = dist.get_rank(self.group), dist.get_world_size(self.group)
+        if size != num_stages or rank != stage:
+            raise ValueError(
+                f"EmulatedTransport expects one stage per pipeline rank: group rank {rank} of {size}, "
+                f"got stage={stage} num_stages={num_stages}"
+            )
+        self.inner, self.links = inner, links
+        self.stage, self.num_stages, self.depth, self.epoch = stage, num_stages, depth, float(epoch)
+        self.record = record
+        self.timeout_s, self.down_grace_s, self.poll_s = float(timeout_s), float(down_grace_s), float(poll_s)
+        self.step = 0
+        self._group_name = self.group.group_name
+        base = store if store is not None else dist.distributed_c10d._get_default_store()
+        ns = namespace if namespace is not None else f"titan_morph/emu/{self._group_name}/{next(_instances)}"
+        self._send_store = dist.PrefixStore(ns, base.clone())
+        self._recv_store = dist.PrefixStore(ns, base.clone())
+        self._send_store_lock, self._recv_store_lock = threading.Lock(), threading.Lock()
+        self._lock = threading.Lock()  # issue path: queues, sequence numbers, records
+        self._queues: dict[tuple[int, str], LinkQueue] = {}
+        self._senders: dict[tuple[int, str], _Sender] = {}
+        self._send_seq: dict[tuple[int, str], int] = {}
+        self._recv_seq: dict[tuple[int, str], int] = {}
+        self._records: list[MessageRecord] = []
+        self._blocked: dict[int, float] = {}
+        self._closed = False
+
+    # -- time base -------------------------------------------------------------------------
+    def now_ms(self) -> float:
+        """Milliseconds since the shared epoch (the link model's clock)."""
+        return (time.monotonic() - self.epoch) * 1e3
+
+    def set_step(self, step: int) -> None:
+        """Current training step, read by step-keyed traces; call before each schedule step."""
+        self.step = int(step)
+
+    # -- store side channel ----------------------------------------------------------------
+    def _key(self, link: int, direction: str, seq: int) -> str:
+        return f"{link}/{direction}/{seq}"
+
+    def _notify(self, key: str, value: str) -> None:
+        with self._send_store_lock:
+            self._send_store.set(key, value)
+
+    def _await_key(self, key: str, timeout_s: float) -> bool:
+        with self._recv_store_lock:
+            try:
+                self._recv_store.wait([key], datetime.timedelta(seconds=timeout_s))
+                return True
+            except dist.DistStoreError:
+                return False
+
+    def _take_key(self, key: str) -> str:
+        with self._recv_store_lock:
+            value = self._recv_store.get(key).decode()
+            self._recv_store.delete_key(key)
+        return value
+
+    # -- issue path ------------------------------------------------------------------------
+    def _next(self, table: dict[tuple[int, str], int], link: int, direction: str) -> int:
+        seq = table.get((link, direction), 0)
+        table[(link, direction)] = seq + 1
+        return seq
+
+    def _new_record(self, side: str, link: int, direction: str, seq: int, ops: list[dist.P2POp]) -> MessageRecord:
+        peer = link + 1 if (side == "send") == (direction == "fwd") else link
+        rec = MessageRecord(side, link, direction, seq, op_nbytes(ops), self.step, peer, self.now_ms())
+        if self.record:
+            self._records.append(rec)
+        return rec
+
+    def _sender(self, link: int, direction: str) -> _Sender:
+        s = self._senders.get((link, direction))
+        if s is None:
+            s = self._senders[(link, direction)] = _Sender(self, link, direction)
+            s.start()
+        return s
+
+    def _refuse(self, link: int, direction: str, ops: list[dist.P2POp], when: str) -> LinkDownError:
+        seq = self._next(self._send_seq, link, direction)
+        rec = self._new_record("send", link, direction, seq, ops)
+        rec.status = "down"
+        self._notify(self._key(link, direction, seq), "down")
+        return LinkDownError(link, direction, f"{when}: send of message {seq} to stage {rec.peer_stage} refused")
+
+    def batch_p2p(self, ops: list[dist.P2POp], desc: str | None = None) -> list[Handle]:
+        """Issue ``ops``: receives post at once; sends block per ``depth`` and are held for their delay.
+
+        Raises :class:`LinkDownError` (nothing of the batch issued) if a send's link is down now.
+        """
+        if self._closed:
+            raise RuntimeError("EmulatedTransport is closed")
+        ops = list(ops)
+        mine = [op for op in ops if op.group.group_name == self._group_name]
+        handles: list[Handle] = []
+        if len(mine) != len(ops):  # traffic outside the pipeline group is not on an emulated link
+            handles += self.inner.batch_p2p([op for op in ops if op.group.group_name != self._group_name], desc)
+        if not mine:
+            return handles
+        messages = group_by_link(mine, self.stage, self.num_stages)
+        with self._lock:
+            t = self.now_ms()
+            down = [k for k in messages if k[2] and math.isinf(self.links.delay_ms(k[0], k[1], t, self.step))]
+            if down:
+                errors = [self._refuse(link, d, messages[(link, d, s)], f" at t={t:.1f} ms") for link, d, s in down]
+                raise errors[0]
+            for (link, d, send), mops in messages.items():
+                if send:
+                    continue
+                seq = self._next(self._recv_seq, link, d)
+                rec = self._new_record("recv", link, d, seq, mops)
+                handles.append(_RecvHandle(self, self.inner.batch_p2p(mops, desc), self._key(link, d, seq), rec))
+            for (link, d, send), mops in messages.items():
+                if send:
+                    handles.append(self._issue_send(link, d, mops))
+        return handles
+
+    def _issue_send(self, link: int, direction: str, ops: list[dist.P2POp]) -> _SendHandle:
+        queue = self._queues.get((link, direction))
+        if queue is None:
+            queue = self._queues[(link, direction)] = LinkQueue(self.links, link, direction, self.depth)
+        issued = self.now_ms()
+        try:
+            timing = queue.send(issued, self.step)
+        except LinkDownError as e:  # down at the (later) acceptance time
+            raise self._refuse(link, direction, ops, f" at t={issued:.1f} ms") from e
+        seq = self._next(self._send_seq, link, direction)
+        rec = self._new_record("send", link, direction, seq, ops)
+        rec.issued, rec.accepted, rec.planned = issued, timing.accepted, timing.delivered
+        rec.delay_ms = self.links.delay_ms(link, direction, timing.accepted, self.step)
+        wait_s = (timing.accepted - self.now_ms()) / 1e3
+        if wait_s > 0:  # head-of-line blocking: the caller waits for the oldest in-flight delivery
+            time.sleep(wait_s)
+        self._blocked[link] = self._blocked.get(link, 0.0) + timing.blocked
+        item = _Outgoing(ops, self.epoch + timing.delivered / 1e3, self._key(link, direction, seq), rec)
+        self._sender(link, direction).put(item)
+        return _SendHandle(self, item)
+
+    # -- metrics ---------------------------------------------------------------------------
+    def records(self) -> list[MessageRecord]:
+        """Snapshot of all message records so far (copies; both sides of this rank)."""
+        with self._lock:
+            return [dataclasses.replace(r) for r in self._records]
+
+    def clear_records(self) -> None:
+        with self._lock:
+            self._records.clear()
+
+    @property
+    def blocked_ms(self) -> dict[int, float]:
+        """Total time the caller was blocked by full links (head-of-line), per link, in ms."""
+        return dict(self._blocked)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def close(self, timeout: float | None = None, drain: bool = True) -> None:
+        """Release queued sends (``drain``) or drop them, stop the link threads, close ``inner``."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
+        for s in self._senders.values():
+            with s.cond:
+                s.stopping = True
+                s.cond.notify()
+            if not drain:
+                s.abort.set()
+        stuck = []
+        for (link, d), s in self._senders.items():
+            s.join(max(0.0, deadline - time.monotonic()))
+            if s.is_alive():
+                s.abort.set()
+                s.join(1.0)
+                stuck.append(f"link {link} {d}")
+        self.inner.close()
+        if stuck:
+            raise CommTimeoutError(f"EmulatedTransport.close: queued sends not released in time on {', '.join(stuck)}")
+
+    def __enter__(self) -> EmulatedTransport:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(drain=exc_type is None)

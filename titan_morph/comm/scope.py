@@ -1,0 +1,73 @@
+"""Route the pipeline runtime's P2P through a :class:`~titan_morph.comm.transport.Transport`.
+
+torch's schedules (``_PipelineScheduleRuntime``, ``Schedule1F1B``, ``_sorted_batch_p2p``) call the
+module-level ``torch.distributed.pipelining.schedules._batch_p2p`` and look it up at call time, so
+replacing that attribute for the duration of one schedule step routes every SEND_F/RECV_F/
+SEND_B/RECV_B through the transport. ``use_transport`` does the swap and always restores it.
+
+The swap is process-wide (all threads see it); nesting is allowed only with the same transport.
+Order is untouched: ops reach the transport in the order the schedule issues them, so per-link
+send order (which gloo matches by tag and order) is preserved as long as the transport keeps it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from torch.distributed.pipelining import schedules as _schedules
+
+from titan_morph.comm.transport import Handle, Transport
+
+_lock = threading.Lock()
+_active: Transport | None = None
+_depth = 0
+_saved = None
+
+
+def active_transport() -> Transport | None:
+    """The transport currently swapped in, or None."""
+    return _active
+
+
+def _routed_batch_p2p(p2p_ops: list, desc: str | None = None) -> list[Handle]:
+    transport = _active
+    if transport is None:  # only reachable if someone captured this function and calls it later
+        raise RuntimeError("titan_morph routed _batch_p2p called outside use_transport()")
+    return transport.batch_p2p(list(p2p_ops), desc=desc)
+
+
+_routed_batch_p2p.__titan_morph_transport__ = True  # type: ignore[attr-defined]
+
+
+@contextmanager
+def use_transport(transport: Transport) -> Iterator[Transport]:
+    """Swap torch's ``schedules._batch_p2p`` for ``transport.batch_p2p`` inside the block.
+
+    Re-entering with the same transport nests; a different one raises ``RuntimeError``. The
+    original function is restored when the outermost block exits, also on exceptions.
+    """
+    global _active, _depth, _saved
+    if not callable(getattr(transport, "batch_p2p", None)):
+        raise TypeError(f"use_transport needs a Transport with batch_p2p(ops), got {type(transport).__name__}")
+    with _lock:
+        if _active is not None and _active is not transport:
+            raise RuntimeError(
+                f"use_transport: {type(transport).__name__} requested while {type(_active).__name__} is already "
+                "active; transports switch only at step boundaries (exit the current block first)"
+            )
+        if _depth == 0:
+            _saved = _schedules._batch_p2p
+            _schedules._batch_p2p = _routed_batch_p2p
+            _active = transport
+        _depth += 1
+    try:
+        yield transport
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0:
+                _schedules._batch_p2p = _saved
+                _active = None
+                _saved = None
