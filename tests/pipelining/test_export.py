@@ -216,3 +216,37 @@ def test_timeline_png_decodes(tmp_path: Path) -> None:
     img = matplotlib.image.imread(path)
     assert img.shape[0] > 200 and img.shape[1] > 600
     assert img[..., :3].std() > 0.05  # not a blank picture
+
+
+@pytest.mark.parametrize("depth", [None, 1, 2])
+def test_messages_match_the_simulator(depth) -> None:
+    """Delivery times replayed from the link model agree with the simulator's ready times."""
+    from titan_morph.pipelining.builders import build
+    from titan_morph.pipelining.export import messages
+    from titan_morph.pipelining.simulate import simulate
+
+    model = CostModel.uniform(4, 8, 10.0, 10.0, 10.0, delays=(25.0, 0.0, 7.0))
+    plan = build("zb-h2", model.with_delays((0.0, 0.0, 0.0)))
+    result = simulate(model, plan.orders, depth=depth)
+    msgs = messages(result)
+    assert len(msgs) == 2 * 3 * 8
+    for m in msgs:
+        assert m.delivered >= m.accepted + model.delays[m.link] - 1e-9
+        if m.direction == "fwd":
+            assert m.dst.ready == pytest.approx(m.delivered)
+        else:
+            own_f = next(t for t in result.timings[m.dst.stage] if t.op == Op("F", m.dst.op.mb))
+            assert m.dst.ready == pytest.approx(max(m.delivered, own_f.end))
+
+
+def test_chrome_trace_link_tracks(tmp_path: Path) -> None:
+    from titan_morph.pipelining.export import chrome_trace
+
+    result = _simulated(ZB_H1, delays=(15.0,))
+    events = json.loads(chrome_trace(result, tmp_path / "t.json").read_text())["traceEvents"]
+    begins = [e for e in events if e["ph"] == "b"]
+    ends = {e["id"]: e for e in events if e["ph"] == "e"}
+    assert len(begins) == 2 * 4 and all(e["pid"] == 2 for e in begins)
+    for b in begins:
+        assert ends[b["id"]]["ts"] - b["ts"] == pytest.approx(15000.0)
+        assert b["args"]["delay_ms"] == pytest.approx(15.0)

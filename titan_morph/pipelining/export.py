@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +31,7 @@ from .model import KINDS, Op, Order, Plan
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torch.distributed.pipelining.schedules import _Action
 
+    from .links import LinkModel
     from .simulate import SimResult
 
 PlanOrOrders = Plan | Sequence[Sequence[Op]]
@@ -166,41 +169,66 @@ def _us(ms: float) -> float:
     return round(ms * 1000.0, 3)
 
 
-def _deliveries(result: SimResult) -> list[tuple[int, Op, int, Op, float, float]]:
-    """(sender stage, sender op, receiver stage, receiver op, sent_at, needed_from) per message.
+OpTimingLike = Any  # simulate.OpTiming (duck-typed so this module imports without simulate)
 
-    F on stage s feeds F on s+1; I/B on stage s feeds I/B on s−1 (model.py dependencies).
-    ``sent_at`` is when the link accepted it (sender end + blocking), ``needed_from`` the
-    receiver's ready time, so the gap shows the link delay the receiver waited for.
+
+@dataclass(frozen=True)
+class Message:
+    """One inter-stage message of a simulated run (activation ``fwd`` or gradient ``bwd``)."""
+
+    link: int
+    direction: str
+    src: OpTimingLike
+    dst: OpTimingLike
+    accepted: float  # the link took it: sender end + send blocking
+    delivered: float  # FIFO delivery under the link model
+
+
+def messages(result: SimResult, links: LinkModel | None = None, step: int = 0) -> list[Message]:
+    """Every message of ``result`` with its delivery time (links.py semantics: FIFO per link/direction).
+
+    F on stage s sends to F on s+1 over link s (``fwd``); I/B on stage s sends to I/B on s−1 over
+    link s−1 (``bwd``). ``links`` defaults to ``StaticDelays(result.model.delays)``; pass the model
+    the run was simulated with when it was not static.
     """
+    from .links import StaticDelays
+
+    link_model = links if links is not None else StaticDelays(result.model.delays)
     where: dict[tuple[int, str, int], Any] = {}
     for stage_timings in result.timings:
         for t in stage_timings:
-            where[(t.stage, "B" if t.op.kind == "B" else t.op.kind, t.op.mb)] = t
+            where[(t.stage, "I" if t.op.kind == "B" else t.op.kind, t.op.mb)] = t
     stages = len(result.timings)
-    out = []
+    pending: dict[tuple[int, str], list[tuple[float, Any, Any]]] = {}
     for stage_timings in result.timings:
         for t in stage_timings:
-            kind = t.op.kind
-            if kind == "F" and t.stage + 1 < stages:
-                dst = where.get((t.stage + 1, "F", t.op.mb))
-            elif kind in ("I", "B") and t.stage > 0:
-                dst = where.get((t.stage - 1, "I", t.op.mb)) or where.get((t.stage - 1, "B", t.op.mb))
+            if t.op.kind == "F" and t.stage + 1 < stages:
+                key, dst = (t.stage, "fwd"), where.get((t.stage + 1, "F", t.op.mb))
+            elif t.op.kind in ("I", "B") and t.stage > 0:
+                key, dst = (t.stage - 1, "bwd"), where.get((t.stage - 1, "I", t.op.mb))
             else:
                 continue
             if dst is not None:
-                out.append((t.stage, t.op, dst.stage, dst.op, t.end + t.blocked, dst.ready))
+                pending.setdefault(key, []).append((t.end + t.blocked, t, dst))
+    out = []
+    for (link, direction), sends in sorted(pending.items()):
+        last = -math.inf
+        for accepted, src, dst in sorted(sends, key=lambda e: (e[0], e[1].end)):
+            last = max(accepted + link_model.delay_ms(link, direction, accepted, step), last)
+            out.append(Message(link, direction, src, dst, accepted, last))
     return out
 
 
-def chrome_trace(result: SimResult, path: str | Path) -> Path:
+def chrome_trace(result: SimResult, path: str | Path, links: LinkModel | None = None) -> Path:
     """Write a Chrome/Perfetto trace of a simulated iteration; returns the path.
 
     One process per stage (``pid`` = stage): complete ``X`` events named ``F3``/``I3``/``W3``
-    (``cat`` = kind) on thread 0, send-blocking intervals (head-of-line blocking, §3.2) as
-    ``X`` events with ``cat = "blocked"`` on thread 1, and a flow arrow per inter-stage message
-    from the sending op to the receiving op (``args`` carry the send and arrival times).
-    Times are µs from the iteration start.
+    (``cat`` = kind) on thread 0, and send-blocking intervals (head-of-line blocking, §3.2) as
+    ``X`` events with ``cat = "blocked"`` on thread 1. One more process per link (``pid`` =
+    S + link) shows each message in flight (async ``b``/``e`` events, ``cat = "link"``, from
+    acceptance to delivery: the link delay), and a flow arrow joins each sending op to the op
+    that consumes the message. Times are µs from the iteration start. ``links`` as in
+    :func:`messages`.
     """
     events: list[dict[str, Any]] = []
     stages = len(result.timings)
@@ -209,6 +237,10 @@ def chrome_trace(result: SimResult, path: str | Path) -> Path:
         events.append({"name": "process_sort_index", "ph": "M", "pid": stage, "tid": 0, "args": {"sort_index": stage}})
         events.append({"name": "thread_name", "ph": "M", "pid": stage, "tid": 0, "args": {"name": "compute"}})
         events.append({"name": "thread_name", "ph": "M", "pid": stage, "tid": 1, "args": {"name": "send blocked"}})
+    for link in range(stages - 1):
+        pid = stages + link
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": f"link {link}"}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
     for stage_timings in result.timings:
         for t in stage_timings:
             events.append(
@@ -238,37 +270,18 @@ def chrome_trace(result: SimResult, path: str | Path) -> Path:
                         "args": {"blocked_ms": t.blocked},
                     }
                 )
-    for flow_id, (src, sop, dst, dop, sent, needed) in enumerate(_deliveries(result)):
-        link = min(src, dst)
-        direction = "fwd" if src < dst else "bwd"
-        name = f"link {link} {direction} mb {sop.mb}"
-        args = {"sent_ms": sent, "receiver_ready_ms": needed}
-        src_t = next(t for t in result.timings[src] if t.op == sop)
-        dst_t = next(t for t in result.timings[dst] if t.op == dop)
-        events.append(
-            {
-                "name": name,
-                "cat": "link",
-                "ph": "s",
-                "id": flow_id,
-                "pid": src,
-                "tid": 0,
-                "ts": _us(src_t.start),
-                "args": args,
-            }
-        )
-        events.append(
-            {
-                "name": name,
-                "cat": "link",
-                "ph": "f",
-                "bp": "e",
-                "id": flow_id,
-                "pid": dst,
-                "tid": 0,
-                "ts": _us(dst_t.start),
-            }
-        )
+    for msg_id, msg in enumerate(messages(result, links)):
+        name = f"{msg.src.op} {msg.src.stage}->{msg.dst.stage}"
+        args = {"accepted_ms": msg.accepted, "delivered_ms": msg.delivered, "delay_ms": msg.delivered - msg.accepted}
+        pid = stages + msg.link
+        common = {"name": name, "cat": "link", "id": f"m{msg_id}", "pid": pid, "tid": 0}
+        events.append({**common, "ph": "b", "ts": _us(msg.accepted), "args": args})
+        events.append({**common, "ph": "e", "ts": _us(msg.delivered)})
+        # Flow arrow from the producing op to the consuming op (bound to the middle of each slice).
+        flow = {"name": name, "cat": "dataflow", "id": msg_id}
+        src_mid, dst_mid = (msg.src.start + msg.src.end) / 2, (msg.dst.start + msg.dst.end) / 2
+        events.append({**flow, "ph": "s", "pid": msg.src.stage, "tid": 0, "ts": _us(src_mid)})
+        events.append({**flow, "ph": "f", "bp": "e", "pid": msg.dst.stage, "tid": 0, "ts": _us(dst_mid)})
     doc = {
         "traceEvents": events,
         "displayTimeUnit": "ms",
