@@ -80,3 +80,12 @@ def test_build_errors() -> None:
         build("1f1b", model, search=True)
     with pytest.raises(ValueError, match="Lemma 1"):
         build("pipemorph", model, warmup=(1, 2))
+
+
+@pytest.mark.parametrize(
+    ("stages", "n", "match"),
+    [(0, 4, "stages must be an integer >= 1"), (2, 0, "microbatches must be an integer >= 1")],
+)
+def test_bad_stage_or_microbatch_counts(stages: int, n: int, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        build("zb-h2", CostModel.uniform(stages, n, 1, 1, 1))

@@ -127,3 +127,21 @@ def test_link_down() -> None:
     orders = generate(CostModel.uniform(2, 2, 1, 1, 1), (2, 1))
     with pytest.raises(LinkDownError):
         makespan(model, orders)
+
+
+def test_deadlocked_csv_like_orders() -> None:
+    """Orders as a user would hand-write them (one comma-separated line per rank)."""
+    text = """
+    F0,F1,F2,I0,F3,I1,I2,I3,W0,W1,W2,W3
+    F0,F1,F2,F3,I0,I1,I2,I3,W0,W1,W2,W3
+    F0,I0,F1,I1,F2,I2,F3,I3,W0,W1,W2,W3
+    """
+    orders = [tuple(Op.parse(tok) for tok in line.split(",")) for line in text.split()]
+    model = CostModel.uniform(3, 4, 1, 1, 1)
+    with pytest.raises(DeadlockError) as info:
+        simulate(model, orders)
+    msg = str(info.value)
+    # stage 0 waits for I0, which stage 1 only runs after F3 — which stage 0 runs after I0.
+    assert "stage 0 waits for I0 (needs I0 from stage 1, which is stuck behind F3" in msg
+    assert "stage 1 waits for F3 (needs F3 from stage 0, which is stuck behind I0" in msg
+    assert "stage 2" not in msg.split("deadlock:")[1].split(";")[0]

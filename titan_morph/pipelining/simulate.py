@@ -143,14 +143,14 @@ def _deadlock(orders: Sequence[Sequence[Op]], pos: Sequence[int]) -> DeadlockErr
     for s, op in stuck.items():
         need = needs(s, op)
         if need is None:
-            parts.append(f"stage {s} is stuck at {op} (op {pos[s]} of {len(orders[s])})")
+            parts.append(f"stage {s} is stuck at {op} (position {pos[s] + 1} of {len(orders[s])})")
             continue
         src, what = need
         if src in stuck:
             blocker = stuck[src]
             bneed = needs(src, blocker)
             tail = f", waiting for {bneed[1]} from stage {bneed[0]}" if bneed else ""
-            status = f"which is stuck behind {blocker} (op {pos[src]} of {len(orders[src])}{tail})"
+            status = f"which is stuck behind {blocker} (position {pos[src] + 1} of {len(orders[src])}{tail})"
         else:
             status = f"whose order never produces {what}"
         parts.append(f"stage {s} waits for {op} (needs {what} from stage {src}, {status})")
@@ -185,7 +185,8 @@ def simulate(
     # Arrival of an input: (delivery time, producer stage, producer op index) per stage/microbatch.
     arr_f: list[list[tuple[float, int, int] | None]] = [[None] * n for _ in range(s_count)]
     arr_b: list[list[tuple[float, int, int] | None]] = [[None] * n for _ in range(s_count)]
-    local_end: list[dict[Op, float]] = [{} for _ in range(s_count)]
+    end_f = [[0.0] * n for _ in range(s_count)]  # own F end (ready time of the last stage's I/B)
+    end_i = [[0.0] * n for _ in range(s_count)]  # own I end (ready time of W)
     timings: list[list[OpTiming]] = [[] for _ in range(s_count)]
     causes: list[list[tuple[str, float, int | None, int | None]]] = [[] for _ in range(s_count)]
     pos = [0] * s_count
@@ -206,9 +207,9 @@ def simulate(
                 else:
                     src = arr_f[s][m]
             elif kind == "W":
-                src = (local_end[s][Op("I", m)], -1, -1)
+                src = (end_i[s][m], -1, -1)
             elif s == s_count - 1:
-                src = (local_end[s][Op("F", m)], -1, -1)
+                src = (end_f[s][m], -1, -1)
             else:
                 src = arr_b[s][m]
             if src is None:
@@ -218,7 +219,10 @@ def simulate(
             ready, from_stage, from_idx = src
             start = max(free[s], ready)
             end = start + float(dur(s, op))
-            local_end[s][op] = end
+            if kind == "F":
+                end_f[s][m] = end
+            elif kind == "I":
+                end_i[s][m] = end
             # Why did it start then? (for the critical path)
             if from_stage >= 0 and ready > free[s] + _EPS:
                 prod_end = timings[from_stage][from_idx].end
