@@ -10,6 +10,7 @@ The file is also the worker script:
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -156,6 +157,7 @@ def test_torch_runtime_runs_our_csv_like_unpipelined_training(group: str, tmp_pa
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
         )
         for r in range(stages)
     ]
