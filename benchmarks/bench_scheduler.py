@@ -1,0 +1,142 @@
+"""Scheduler benchmark: speed, search gain over Alg. 2, optimality gap vs the exact CP-SAT optimum.
+
+Prints measured figures as compact markdown tables (no assertions; the tests check correctness).
+Mirrors the paper's §7.4 / Fig. 20 (gap to an MILP optimum and solving time) on random
+heterogeneous instances from ``titan_morph.pipelining.instances``.
+
+    python benchmarks/bench_scheduler.py            # full run (exact part takes minutes)
+    python benchmarks/bench_scheduler.py --quick    # fewer instances, shorter exact time limit
+    python benchmarks/bench_scheduler.py --seed 7 --skip-exact
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from titan_morph.pipelining.generate import generate  # noqa: E402
+from titan_morph.pipelining.instances import random_instance  # noqa: E402
+from titan_morph.pipelining.model import CostModel  # noqa: E402
+from titan_morph.pipelining.search import search_detailed  # noqa: E402
+from titan_morph.pipelining.simulate import makespan  # noqa: E402
+from titan_morph.pipelining.slackness import adapted_warmup  # noqa: E402
+
+
+def _timed(fn: Callable[[], object], reps: int) -> tuple[float, float]:
+    """Median wall ms and median CPU ms over ``reps`` calls (CPU time is robust to a busy box)."""
+    walls, cpus = [], []
+    for _ in range(reps):
+        w0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        walls.append((time.perf_counter() - w0) * 1e3)
+        cpus.append((time.process_time() - c0) * 1e3)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def _fixed(stages: int, microbatches: int, seed: int) -> CostModel:
+    return random_instance(
+        random.Random(seed), s_range=(stages, stages), n_mult=(microbatches / stages,) * 2, memory="loose"
+    )
+
+
+def alg2_makespan(model: CostModel) -> float:
+    """Plain PipeMorph: Alg. 2 warm-up + Alg. 3/4 generator, simulated."""
+    return makespan(model, generate(model, adapted_warmup(model)))
+
+
+def bench_speed(seed: int, quick: bool) -> list[str]:
+    rows = ["| measurement | wall ms (median) | CPU ms (median) |", "|---|---:|---:|"]
+    small = _fixed(8, 32, seed)
+    big = _fixed(32, 256, seed)
+    x_small = adapted_warmup(small)
+    reps = 5 if quick else 11
+    w, c = _timed(lambda: generate(small, x_small), reps)
+    rows.append(f"| one generation pass (Alg. 3/4), S=8 N=32 | {w:.2f} | {c:.2f} |")
+    w, c = _timed(lambda: makespan(small, generate(small, x_small)), reps)
+    rows.append(f"| generation + simulated makespan, S=8 N=32 | {w:.2f} | {c:.2f} |")
+    w, c = _timed(lambda: search_detailed(small), reps)
+    rows.append(f"| pipemorph with search, S=8 N=32 | {w:.1f} | {c:.1f} |")
+    w, c = _timed(lambda: search_detailed(big), 1 if quick else 3)
+    rows.append(f"| pipemorph with search, S=32 N=256 | {w:.0f} | {c:.0f} |")
+    return rows
+
+
+def bench_gain(seed: int, count: int) -> list[str]:
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(count):
+        model = random_instance(rng, s_range=(3, 8), n_mult=(1, 4), memory="mixed")
+        ratios.append(search_detailed(model).makespan / alg2_makespan(model))
+    improved = sum(r < 1 - 1e-9 for r in ratios)
+    return [
+        "| instances | search/Alg.2 mean | search/Alg.2 min (best gain) | search/Alg.2 max | improved |",
+        "|---:|---:|---:|---:|---:|",
+        f"| {count} | {statistics.mean(ratios):.4f} | {min(ratios):.4f} | {max(ratios):.4f} | {improved}/{count} |",
+    ]
+
+
+def bench_gap(seed: int, count: int, time_limit_s: float) -> list[str]:
+    from titan_morph.pipelining.exact import optimal_makespan
+
+    rng = random.Random(seed)
+    gaps_search, gaps_alg2, proven, walls = [], [], 0, []
+    for k in range(count):
+        memory = "tight" if k % 2 == 0 else "loose"
+        model = random_instance(rng, s_range=(3, 5), n_mult=(1, 3), memory=memory)
+        ref = optimal_makespan(model, time_limit_s=time_limit_s)
+        proven += ref.optimal
+        walls.append(ref.wall_s)
+        found = search_detailed(model).makespan
+        best = min(ref.makespan, found)  # the best known schedule (the optimum when proven)
+        gaps_search.append(found / best - 1)
+        gaps_alg2.append(alg2_makespan(model) / best - 1)
+    return [
+        "| scheduler | mean gap | worst gap | instances within 1% |",
+        "|---|---:|---:|---:|",
+        f"| search | {100 * statistics.mean(gaps_search):.2f}% | {100 * max(gaps_search):.2f}% |"
+        f" {sum(g <= 0.01 for g in gaps_search)}/{count} |",
+        f"| plain Alg. 2 | {100 * statistics.mean(gaps_alg2):.2f}% | {100 * max(gaps_alg2):.2f}% |"
+        f" {sum(g <= 0.01 for g in gaps_alg2)}/{count} |",
+        "",
+        f"exact (CP-SAT, {time_limit_s:g} s limit, 2 workers): proved optimal {proven}/{count};"
+        f" median solve {statistics.median(walls):.1f} s, max {max(walls):.1f} s",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer instances and a shorter exact time limit")
+    parser.add_argument("--seed", type=int, default=20261121, help="instance seed (default: %(default)s)")
+    parser.add_argument("--skip-exact", action="store_true", help="skip the CP-SAT optimality-gap part")
+    parser.add_argument("--gap-instances", type=int, default=None, help="instances for the gap part")
+    parser.add_argument("--exact-time-limit", type=float, default=None, help="seconds per exact solve")
+    args = parser.parse_args(argv)
+    gain_count = 20 if args.quick else 60
+    gap_count = args.gap_instances or (8 if args.quick else 30)
+    limit = args.exact_time_limit or (10.0 if args.quick else 60.0)
+
+    print(f"## Scheduler benchmark (seed {args.seed}{', quick' if args.quick else ''})\n")
+    print("### (a) speed\n")
+    print("\n".join(bench_speed(args.seed, args.quick)))
+    print("\n### (b) search gain over plain Alg. 2 (S 3-8, N S..4S, delays 0-60 ms, mixed memory)\n")
+    print("\n".join(bench_gain(args.seed + 1, gain_count)))
+    if not args.skip_exact:
+        try:
+            import ortools  # noqa: F401
+        except ImportError:
+            print("\n(c) skipped: OR-Tools not installed (pip install ortools)")
+            return 0
+        print("\n### (c) gap to the exact optimum (S 3-5, N S..3S, tight+loose memory)\n")
+        print("\n".join(bench_gap(args.seed + 2, gap_count, limit)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
