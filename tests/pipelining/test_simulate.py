@@ -88,6 +88,8 @@ def test_custom_durations(fig4: tuple[CostModel, tuple]) -> None:
     model, orders = fig4
     doubled = simulate(model, orders, durations=lambda s, op: 2 * model.duration(s, op.kind))
     assert doubled.makespan == 780.0
+    with pytest.raises(ValueError, match=r"durations\(0, F0\) must be a finite time >= 0 ms"):
+        simulate(model, orders, durations=lambda s, op: -1.0)
 
 
 def test_fused_backward_orders() -> None:

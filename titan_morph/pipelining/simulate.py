@@ -218,7 +218,10 @@ def simulate(
             waiting[s] = None
             ready, from_stage, from_idx = src
             start = max(free[s], ready)
-            end = start + float(dur(s, op))
+            took = float(dur(s, op))
+            if not (took >= 0 and math.isfinite(took)):
+                raise ValueError(f"durations({s}, {op}) must be a finite time >= 0 ms, got {took}")
+            end = start + took
             if kind == "F":
                 end_f[s][m] = end
             elif kind == "I":
