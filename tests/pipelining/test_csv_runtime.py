@@ -2,7 +2,8 @@
 
 Each rank holds one ``PipelineStage`` of a tiny 2- or 3-stage MLP; the schedule CSV comes from
 ``export.write_csv`` of our builders' plans (zb-h1, 1f1b-iw, 1f1b, zb-h2, and a PipeMorph plan made
-for a 30 ms straggler). Two training iterations (SGD) must give the same losses, gradients and
+for a 30 ms straggler, also loaded through TorchTitan's ``pipeline_parallel_schedule_csv`` path).
+Two training iterations (SGD) must give the same losses, gradients and
 parameters as the unpipelined model in one process. Run: ``.venv/bin/pytest tests/pipelining/test_csv_runtime.py``.
 The file is also the worker script:
 ``python test_csv_runtime.py --worker RANK STAGES MICROBATCHES INIT OUT_DIR CSV...``.
@@ -31,6 +32,9 @@ CASES = {
     "1f1b": (2, 4, (0.0,), {}),
     "zb-h2": (3, 6, (0.0, 0.0), {}),
     "pipemorph": (3, 6, (0.0, 30.0), {"search": True}),  # x = Alg. 2 / search warm-up under a straggler
+    # "@titan": the schedule object comes from TorchTitan's build_pipeline_schedule with
+    # parallelism.pipeline_parallel_schedule_csv pointing at our CSV (scale_grads=False there).
+    "pipemorph@titan": (3, 6, (30.0, 0.0), {"search": True}),
 }
 
 
@@ -42,7 +46,25 @@ def _schedule_orders(name: str) -> tuple[tuple[Op, ...], ...]:
     """Orders made by our builders for ``CASES[name]``."""
     stages, microbatches, delays, kw = CASES[name]
     model = CostModel.uniform(stages, microbatches, 10.0, 10.0, 10.0, delays=delays)
-    return build(name, model, **kw).orders
+    return build(name.split("@")[0], model, **kw).orders
+
+
+def _titan_schedule(csv_path: str, stage, stages: int, microbatches: int):
+    """TorchTitan's own path: ``build_pipeline_schedule`` with ``pipeline_parallel_schedule_csv``."""
+    import torch
+    from torchtitan.config import JobConfig
+    from torchtitan.distributed.pipeline_parallel import build_pipeline_schedule
+
+    job = JobConfig()
+    job.parallelism.pipeline_parallel_degree = stages
+    job.parallelism.pipeline_parallel_schedule_csv = csv_path
+    job.parallelism.pipeline_parallel_microbatch_size = 2
+    job.training.local_batch_size = 2 * microbatches
+
+    def loss_fn(out, target):  # TorchTitan uses scale_grads=False: scale each microbatch's loss instead
+        return torch.nn.functional.mse_loss(out, target) / microbatches
+
+    return build_pipeline_schedule(job, [stage], loss_fn)
 
 
 def _build_model(stages: int):
@@ -77,8 +99,13 @@ def _worker(rank: int, stages: int, microbatches: int, init: str, out_dir: str, 
         for csv_path in csv_paths:
             part = _build_model(stages)[rank]
             stage = PipelineStage(part, rank, stages, torch.device("cpu"))
-            schedule = _PipelineScheduleRuntime([stage], n_microbatches=microbatches, loss_fn=torch.nn.MSELoss())
-            schedule._load_csv(csv_path, "compute_only")
+            titan = Path(csv_path).stem.endswith("@titan")
+            if titan:
+                schedule = _titan_schedule(csv_path, stage, stages, microbatches)
+                assert type(schedule) is _PipelineScheduleRuntime
+            else:
+                schedule = _PipelineScheduleRuntime([stage], n_microbatches=microbatches, loss_fn=torch.nn.MSELoss())
+                schedule._load_csv(csv_path, "compute_only")
             opt = torch.optim.SGD(part.parameters(), lr=LR)
             record: dict = {"losses": [], "grads": []}
             for it in range(ITERS):
@@ -91,7 +118,8 @@ def _worker(rank: int, stages: int, microbatches: int, init: str, out_dir: str, 
                     schedule.step()
                 else:
                     schedule.step(target=y, losses=losses)
-                    record["losses"].append(torch.stack(losses).mean().item())
+                    total = torch.stack(losses).sum() if titan else torch.stack(losses).mean()
+                    record["losses"].append(total.item())
                 record["grads"].append({n: p.grad.clone() for n, p in part.named_parameters()})
                 opt.step()
             record["params"] = {n: p.detach().clone() for n, p in part.named_parameters()}
