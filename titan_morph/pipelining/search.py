@@ -48,6 +48,10 @@ WAIT_W = 1
 WAIT_F = 2
 WAIT_W_FOR_F = 4
 POLICY_BITS = (WAIT_W, WAIT_F, WAIT_W_FOR_F)
+KNOB_SHARE = 0.5
+"""Share of the budget for the knob phase under static links (the rest polishes orders)."""
+POLISH_STARTS = 2
+"""How many distinct knob-phase local optima are polished."""
 _UNIFORM_POLICIES = (0, WAIT_W | WAIT_W_FOR_F, WAIT_W | WAIT_F | WAIT_W_FOR_F)
 
 
@@ -434,10 +438,10 @@ def polish(
 
 
 def default_budget_ms(model: CostModel) -> float:
-    """Time budget when none is given: 40 ms for small pipelines, growing with S·N up to 800 ms
-    (S=8, N=32 -> 40 ms; S=32, N=256 -> 800 ms)."""
+    """Time budget when none is given: 40 ms for small pipelines, growing with S·N up to 600 ms
+    (S=8, N=32 -> 40 ms; S=32, N=256 -> 600 ms)."""
     ops = 3 * model.stages * model.microbatches
-    return float(min(800.0, max(40.0, 0.033 * ops)))
+    return float(min(600.0, max(40.0, 0.025 * ops)))
 
 
 def _caps(model: CostModel) -> tuple[int, ...]:
@@ -558,7 +562,7 @@ def search_detailed(
         polish_budget = budget - knob_budget
     else:
         budget_us = budget_ms * 1000.0
-        knob_share = 0.5 if static else 1.0
+        knob_share = KNOB_SHARE if static else 1.0
         knob_budget = max(1, int(budget_us * knob_share / eval_us))
         polish_budget = int(budget_us * (1.0 - knob_share) / (ops * TIMELINE_US_PER_OP))
         budget = knob_budget + polish_budget
@@ -592,19 +596,28 @@ def search_detailed(
         return memo[key]
 
     seed_list = _seed_vectors(model, seeds)
+    zero = (0,) * S
     seed_ms: dict[str, float] = {}
     ranked: list[tuple[tuple[float, int, int, int], int, Knobs]] = []
-    for pol_bits in _UNIFORM_POLICIES:
-        for name, x in seed_list:
+    for name, x in seed_list:  # always evaluated: the result is never worse than a seed
+        k = Knobs(x, x, zero)
+        ms = evaluate(k)
+        seed_ms[name] = ms
+        ranked.append((rank(k, ms), len(ranked), k))
+    ranked.sort()
+    # The other uniform policies on the seeds, best seeds first, while the knob budget lasts.
+    by_rank = [k.warmup for _, _, k in ranked]
+    for pol_bits in _UNIFORM_POLICIES[1:]:
+        for x in by_rank:
+            if len(memo) >= knob_budget:
+                break
             k = Knobs(x, x, (pol_bits,) * S)
-            ms = evaluate(k)
-            if pol_bits == 0:
-                seed_ms[name] = ms
-            ranked.append((rank(k, ms), len(ranked), k))
+            ranked.append((rank(k, evaluate(k)), len(ranked), k))
     ranked.sort()
     best_rank, _, best = ranked[0]
     # Hill-climb (first improvement, memoised, deterministic order) from the best start, then from
     # the next-best starts while evaluations remain.
+    optima: list[tuple[tuple[float, int, int, int], int, Knobs]] = [ranked[0]]
     for start_rank, _, start in ranked:
         if len(memo) >= knob_budget:
             break
@@ -622,19 +635,31 @@ def search_detailed(
                     cur, cur_rank = nb, r
                     improved = True
                     break
+        optima.append((cur_rank, len(optima), cur))
         if cur_rank < best_rank:
             best, best_rank = cur, cur_rank
     _, orders = run_knobs(model, best)
     assert orders is not None
     final_ms = memo[best.key()]
     used = len(memo)
-    # Polishing gets its own share plus what the knob phase left (converted to re-timing cost).
+    # Polishing gets its own share plus what the knob phase left (converted to re-timing cost),
+    # split over the best few distinct local optima of the knob phase.
     polish_budget += int(max(0, knob_budget - used) * eval_us / (ops * TIMELINE_US_PER_OP))
     if static and polish_budget > 0:
-        pol_ms, pol_orders, pol_used = polish(model, orders, polish_budget)
-        used += pol_used
-        if pol_ms < final_ms - 1e-9:
-            final_ms, orders = pol_ms, pol_orders
+        starts_k: list[Knobs] = []
+        for _, _, k in sorted(optima):
+            if k not in starts_k:
+                starts_k.append(k)
+            if len(starts_k) == POLISH_STARTS:
+                break
+        share = polish_budget // len(starts_k)
+        for k in starts_k:
+            _, k_orders = run_knobs(model, k)
+            assert k_orders is not None
+            pol_ms, pol_orders, pol_used = polish(model, k_orders, share)
+            used += pol_used
+            if pol_ms < final_ms - 1e-9:
+                final_ms, orders = pol_ms, pol_orders
     validate_orders(model, orders)
     warmup = tuple(warmup_count(o) for o in orders)
     plan = Plan(schedule="pipemorph", warmup=warmup, orders=orders, model=model)
