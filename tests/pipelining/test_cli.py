@@ -212,3 +212,44 @@ def test_subprocess_entry_point(zb_h2_csv: Path) -> None:
         cmd + ["--stages", "4", "--microbatches", "2", "--fwd", "1,2"], capture_output=True, text=True, timeout=120
     )
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--fwd needs 1 or 4 values" in res.stderr
+
+
+def test_run_trace_by_step(capsys, tmp_path: Path, zb_h2_csv: Path) -> None:
+    """Fixed ZB-H2 orders under a step-keyed trace: 20 ms on link 0 from step 3 to step 5 (§7.5 style)."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("step,link,delay_ms\n3,0,20\n5,0,0\n")
+    got = {
+        step: _json(capsys, "--load-csv", str(zb_h2_csv), "--run-trace", str(trace), "--step", str(step))
+        for step in (0, 3, 4, 5)
+    }
+    assert [got[s]["makespan_ms"] for s in (0, 3, 4, 5)] == pytest.approx([390.0, 440.0, 440.0, 390.0])
+    assert got[3]["run_delays_ms"] == [20.0, 0.0, 0.0] and got[3]["step"] == 3
+    assert got[3]["run_links"].startswith("trace ")
+
+
+def test_run_random_is_deterministic_and_traced(capsys, tmp_path: Path, zb_h2_csv: Path) -> None:
+    trace = tmp_path / "t.json"
+    args = ["--load-csv", str(zb_h2_csv), "--run-random", "20,10,30,60,7"]
+    a = _json(capsys, *args, "--chrome-trace", str(trace))
+    b = _json(capsys, *args)
+    assert a["makespan_ms"] == b["makespan_ms"] > 390.0
+    assert a["run_links"].startswith("random N(20, 10)")
+    delays = {round(e["args"]["delay_ms"], 6) for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "b"}
+    assert len(delays) > 3  # per-message delays vary with time
+    c = _json(capsys, *args[:-1], "20,10,30,60,8")
+    assert c["makespan_ms"] != a["makespan_ms"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--run-random", "1,2,3"], "--run-random: expected MEAN,STD,LOW,HIGH[,SEED], got 3 values"),
+        (["--run-random", "1,2,0,3"], "--run-random: interval must satisfy 0 < low <= high"),
+        (["--run-random", "1,2,3,4", "--run-delays", "0"], "--run-delays and --run-random exclude each other"),
+        (["--run-trace", "/nonexistent/t.csv"], "--run-trace: cannot read /nonexistent/t.csv"),
+        (["--step", "-1"], "--step must be >= 0"),
+    ],
+)
+def test_bad_run_link_model(capsys, zb_h2_csv: Path, extra: list[str], needle: str) -> None:
+    rc, _, err = _run(capsys, "--load-csv", str(zb_h2_csv), *extra)
+    assert rc == 2 and err.count("\n") == 1 and needle in err

@@ -219,7 +219,7 @@ def messages(result: SimResult, links: LinkModel | None = None, step: int = 0) -
     return out
 
 
-def chrome_trace(result: SimResult, path: str | Path, links: LinkModel | None = None) -> Path:
+def chrome_trace(result: SimResult, path: str | Path, links: LinkModel | None = None, step: int = 0) -> Path:
     """Write a Chrome/Perfetto trace of a simulated iteration; returns the path.
 
     One process per stage (``pid`` = stage): complete ``X`` events named ``F3``/``I3``/``W3``
@@ -227,8 +227,8 @@ def chrome_trace(result: SimResult, path: str | Path, links: LinkModel | None = 
     ``X`` events with ``cat = "blocked"`` on thread 1. One more process per link (``pid`` =
     S + link) shows each message in flight (async ``b``/``e`` events, ``cat = "link"``, from
     acceptance to delivery: the link delay), and a flow arrow joins each sending op to the op
-    that consumes the message. Times are µs from the iteration start. ``links`` as in
-    :func:`messages`.
+    that consumes the message. Times are µs from the iteration start. ``links``/``step`` as in
+    :func:`messages` (the link model and step the run was simulated with).
     """
     events: list[dict[str, Any]] = []
     stages = len(result.timings)
@@ -270,7 +270,7 @@ def chrome_trace(result: SimResult, path: str | Path, links: LinkModel | None = 
                         "args": {"blocked_ms": t.blocked},
                     }
                 )
-    for msg_id, msg in enumerate(messages(result, links)):
+    for msg_id, msg in enumerate(messages(result, links, step)):
         name = f"{msg.src.op} {msg.src.stage}->{msg.dst.stage}"
         args = {"accepted_ms": msg.accepted, "delivered_ms": msg.delivered, "delay_ms": msg.delivered - msg.accepted}
         pid = stages + msg.link

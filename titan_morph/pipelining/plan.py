@@ -19,11 +19,12 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 from .builders import SCHEDULES
-from .links import LinkDownError, parse_delays
+from .links import LinkDownError, LinkModel, RandomDelays, TraceDelays, parse_delays
 from .model import CostModel, Plan, in_flight_peak, validate_orders, warmup_count
 
 PROG = "python -m titan_morph.pipelining.plan"
@@ -61,6 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="actual per-link delays (ms) to execute the orders under; 'inf' = link down (default: --delays)",
     )
+    g.add_argument(
+        "--run-random",
+        metavar="MEAN,STD,LOW,HIGH[,SEED]",
+        help="execute under §7.2 random stragglers instead: every link's delay ~ N(MEAN, STD) ms, re-drawn"
+        " every U(LOW, HIGH) ms (deterministic for SEED, default 0)",
+    )
+    g.add_argument(
+        "--run-trace",
+        metavar="PATH",
+        help="execute under a delay trace CSV (columns step|time_ms, link, delay_ms[, direction]; links.py)",
+    )
+    g.add_argument("--step", type=int, default=0, help="training step the run is at, for --run-trace by step")
     g.add_argument("--memory", default=None, help="max microbatches in flight per stage M_i: scalar or S values")
     g.add_argument(
         "--depth",
@@ -165,6 +178,50 @@ def _model(args: argparse.Namespace, stages: int, microbatches: int) -> tuple[Co
     return model, run
 
 
+def _run_links(args: argparse.Namespace, stages: int) -> tuple[LinkModel | None, str]:
+    """The time-varying link model to execute under (``None`` = static ``--run-delays``) and its description."""
+    chosen = [
+        f
+        for f, v in (
+            ("--run-delays", args.run_delays),
+            ("--run-random", args.run_random),
+            ("--run-trace", args.run_trace),
+        )
+        if v is not None
+    ]
+    if len(chosen) > 1:
+        raise UsageError(f"{' and '.join(chosen)} exclude each other (one run link model)")
+    if args.step < 0:
+        raise UsageError(f"--step must be >= 0, got {args.step}")
+    links = stages - 1
+    if args.run_random is not None:
+        parts = args.run_random.split(",")
+        try:
+            values = [float(v) for v in parts[:4]]
+            seed = int(parts[4]) if len(parts) > 4 else 0
+        except ValueError:
+            raise UsageError(
+                f"--run-random: expected MEAN,STD,LOW,HIGH[,SEED] numbers, got {args.run_random!r}"
+            ) from None
+        if len(parts) not in (4, 5):
+            raise UsageError(f"--run-random: expected MEAN,STD,LOW,HIGH[,SEED], got {len(parts)} values")
+        mean, std, low, high = values
+        try:
+            model = RandomDelays(links, mean, std, (low, high), seed=seed)
+        except ValueError as exc:
+            raise UsageError(f"--run-random: {exc}") from None
+        return model, f"random N({mean:g}, {std:g}) ms every U({low:g}, {high:g}) ms, seed {seed}"
+    if args.run_trace is not None:
+        try:
+            model = TraceDelays.from_csv(args.run_trace, links)
+        except OSError as exc:
+            raise UsageError(f"--run-trace: cannot read {args.run_trace}: {exc.strerror}") from None
+        except (ValueError, KeyError) as exc:
+            raise UsageError(f"--run-trace {args.run_trace}: {exc}") from None
+        return model, f"trace {args.run_trace} at step {args.step}"
+    return None, ""
+
+
 def _build(args: argparse.Namespace, model: CostModel) -> Plan:
     """Call the builders (Alg. 1–4 + search for pipemorph; fixed warm-ups for the baselines)."""
     from . import builders
@@ -231,7 +288,8 @@ def _fmt_list(values: Sequence[float]) -> str:
     return "[" + ", ".join(f"{v:g}" for v in values) + "]"
 
 
-def _summary(plan: Plan, result: Any, planned: float, run: Sequence[float], args: argparse.Namespace) -> str:
+def _summary(out: Outcome) -> str:
+    plan, result, planned, run, args = out.plan, out.result, out.planned, out.run_delays, out.args
     model = plan.model
     lines = [
         f"schedule {plan.schedule}: S={model.stages} stages, N={model.microbatches} microbatches, plan {plan.plan_id}",
@@ -255,8 +313,13 @@ def _summary(plan: Plan, result: Any, planned: float, run: Sequence[float], args
             lines.append(f"{i:>4}  {plan.slackness[i]:>3}  {tol:>17.1f}  {model.delays[i]:>11g}  {run[i]:>7g}  {ok}")
     lines += [
         "",
-        f"makespan {result.makespan:.1f} ms under run delays {_fmt_list(run)} ms"
-        f" (planned {planned:.1f} ms under {_fmt_list(model.delays)} ms);"
+        f"makespan {result.makespan:.1f} ms under "
+        + (
+            f"run delays {_fmt_list(run)} ms"
+            if out.links is None
+            else out.links_text + f" (at t=0: {_fmt_list(run)} ms)"
+        )
+        + f" (planned {planned:.1f} ms under {_fmt_list(model.delays)} ms);"
         f" mean bubble rate {result.mean_bubble_rate:.1%}",
         "critical path:",
         *("  " + line.strip() for line in result.explain().splitlines()),
@@ -264,7 +327,8 @@ def _summary(plan: Plan, result: Any, planned: float, run: Sequence[float], args
     return "\n".join(lines)
 
 
-def _report_json(plan: Plan, result: Any, planned: float, run: Sequence[float], args, files: dict) -> dict:
+def _report_json(out: Outcome, files: dict[str, str]) -> dict[str, Any]:
+    plan, result, planned, run, args = out.plan, out.result, out.planned, out.run_delays, out.args
     model = plan.model
     return {
         "schedule": plan.schedule,
@@ -275,6 +339,8 @@ def _report_json(plan: Plan, result: Any, planned: float, run: Sequence[float], 
         "wgt_ms": list(model.wgt),
         "delays_ms": list(model.delays),
         "run_delays_ms": list(run),
+        "run_links": out.links_text or "static",
+        "step": args.step,
         "memory": None if model.memory is None else list(model.memory),
         "depth": args.depth,
         "warmup": list(plan.warmup),
@@ -292,7 +358,20 @@ def _report_json(plan: Plan, result: Any, planned: float, run: Sequence[float], 
     }
 
 
-def run(argv: Sequence[str] | None = None) -> tuple[Plan, Any, float, tuple[float, ...], argparse.Namespace]:
+@dataclass
+class Outcome:
+    """What one CLI invocation computed: the plan, its simulated run and the settings used."""
+
+    plan: Plan
+    result: Any  # simulate.SimResult under the run delays / run link model
+    planned: float  # makespan of the same orders under the planning delays
+    run_delays: tuple[float, ...]  # static run delays, or the run link model's delays at t = 0
+    links: LinkModel | None  # the time-varying run link model, None for static delays
+    links_text: str
+    args: argparse.Namespace
+
+
+def run(argv: Sequence[str] | None = None) -> Outcome:
     """Parse ``argv``, build or load the plan and simulate it; raises :class:`UsageError` on bad input."""
     from .simulate import DeadlockError, simulate
 
@@ -305,21 +384,28 @@ def run(argv: Sequence[str] | None = None) -> tuple[Plan, Any, float, tuple[floa
         args.schedule = args.schedule or "pipemorph"
         model, run_delays = _model(args, args.stages, args.microbatches)
         plan = _build(args, model)
+    links, links_text = _run_links(args, plan.model.stages)
+    if links is not None:
+        run_delays = links.snapshot(0.0, args.step)
     try:
         planned = simulate(plan.model, plan.orders, depth=args.depth).makespan
     except DeadlockError as exc:
         raise UsageError(f"the orders deadlock: {exc}") from None
+    flag = "--run-delays" if links is None else "--run-random" if args.run_random else "--run-trace"
     try:
-        result = simulate(plan.model.with_delays(run_delays), plan.orders, depth=args.depth)
+        # With a link model the simulator asks it for every message; model.delays are only the t=0 view.
+        run_model = plan.model.with_delays(run_delays)
+        result = simulate(run_model, plan.orders, links=links, depth=args.depth, step=args.step)
     except LinkDownError as exc:
-        raise UsageError(f"--run-delays: {exc}: the iteration cannot complete") from None
-    return plan, result, planned, run_delays, args
+        raise UsageError(f"{flag}: {exc}: the iteration cannot complete") from None
+    return Outcome(plan, result, planned, tuple(run_delays), links, links_text, args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit code (0 ok, 2 bad arguments)."""
     try:
-        plan, result, planned, run_delays, args = run(argv)
+        out = run(argv)
+        args, plan, result = out.args, out.plan, out.result
         files: dict[str, str] = {}
         from . import export
 
@@ -327,9 +413,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             files["csv"] = str(export.write_csv(plan, args.csv))
         if args.png:
             title = args.title or f"{plan.schedule} (plan {plan.plan_id})"
+            if out.links is not None:
+                title += f" — {out.links_text}"
             files["png"] = str(export.timeline_png(result, args.png, title=title))
         if args.chrome_trace:
-            files["chrome_trace"] = str(export.chrome_trace(result, args.chrome_trace))
+            files["chrome_trace"] = str(export.chrome_trace(result, args.chrome_trace, links=out.links, step=args.step))
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -337,21 +425,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 2
     try:
-        _print_report(plan, result, planned, run_delays, args, files)
+        _print_report(out, files)
     except BrokenPipeError:  # e.g. piped into `head`
         sys.stderr.close()
     return 0
 
 
-def _print_report(plan: Plan, result: Any, planned: float, run_delays: Sequence[float], args, files: dict) -> None:
+def _print_report(out: Outcome, files: dict[str, str]) -> None:
     from . import export
 
-    if args.json:
-        print(json.dumps(_report_json(plan, result, planned, run_delays, args, files)))
+    if out.args.json:
+        print(json.dumps(_report_json(out, files)))
     else:
-        print(_summary(plan, result, planned, run_delays, args))
-        if args.show_orders:
-            print("\norders:\n" + export.format_orders(plan.orders), end="")
+        print(_summary(out))
+        if out.args.show_orders:
+            print("\norders:\n" + export.format_orders(out.plan.orders), end="")
         for kind, path in files.items():
             print(f"wrote {kind}: {path}")
 
