@@ -364,6 +364,20 @@ def timeline_png(result: SimResult, path: str | Path, title: str | None = None, 
         blocked = result.blocked_ms[stage]
         note = f"bubble {rate:.1%}" + (f"\nblocked {blocked:.0f} ms" if blocked > 0 else "")
         ax.text(makespan * 1.01, y, note, va="center", ha="left", fontsize=8)
+    # Link delays (the model's view) between the rows they join, left of the axis.
+    for link, delay in enumerate(result.model.delays):
+        if delay > 0:
+            y = stages - 1.5 - link
+            ax.text(
+                -0.005,
+                y,
+                f"{delay:g} ms",
+                transform=ax.get_yaxis_transform(),
+                ha="right",
+                va="center",
+                fontsize=7,
+                color="#b22222",
+            )
     ax.axvline(makespan, color="black", linestyle="--", linewidth=1)
     ax.text(makespan, stages - 0.45, f"makespan {makespan:.1f} ms", ha="right", va="bottom", fontsize=9)
     ax.set_xlim(0, makespan * 1.13)
