@@ -61,7 +61,6 @@ def test_load_csv_fig4_and_fig5(capsys, zb_h2_csv: Path) -> None:
 
 
 def test_json_fields_zb_h2(capsys) -> None:
-    pytest.importorskip("titan_morph.pipelining.builders")
     d = _json(capsys, *FIG4, "--schedule", "zb-h2")
     assert d["warmup"] == [7, 5, 3, 1]
     assert d["slackness"] == [2, 2, 2]
@@ -76,7 +75,6 @@ def test_json_fields_zb_h2(capsys) -> None:
 
 
 def test_fig5_fixed_zb_h2_under_run_delays(capsys) -> None:
-    pytest.importorskip("titan_morph.pipelining.builders")
     d = _json(capsys, *FIG4, "--schedule", "zb-h2", "--run-delays", "20,0,0")
     assert d["makespan_ms"] == pytest.approx(440.0)
     assert d["planned_makespan_ms"] == pytest.approx(390.0)
@@ -85,7 +83,6 @@ def test_fig5_fixed_zb_h2_under_run_delays(capsys) -> None:
 
 def test_pipemorph_plans_for_the_delay(capsys) -> None:
     """Planned for a 20 ms straggler on link 0, PipeMorph beats fixed ZB-H2 orders (440 ms)."""
-    pytest.importorskip("titan_morph.pipelining.builders")
     for extra in ([], ["--no-search"]):
         d = _json(capsys, *FIG4, "--schedule", "pipemorph", "--delays", "20,0,0", *extra)
         assert d["makespan_ms"] == pytest.approx(d["planned_makespan_ms"])  # run delays default to planning ones
@@ -95,7 +92,6 @@ def test_pipemorph_plans_for_the_delay(capsys) -> None:
 
 @pytest.mark.parametrize("schedule", ["1f1b", "1f1b-iw", "gpipe", "zb-h1", "zb-h2", "pipemorph"])
 def test_summary_is_readable(capsys, schedule: str) -> None:
-    pytest.importorskip("titan_morph.pipelining.builders")
     rc, out, err = _run(capsys, *FIG4, "--schedule", schedule, "--delays", "0,5,0", "--show-orders")
     assert rc == 0, err
     for needle in ("x_i", "Eq.1 tolerance", "makespan", "critical path", "Rank 3", f"schedule {schedule}"):
@@ -134,7 +130,6 @@ def test_output_files(capsys, tmp_path: Path, zb_h2_csv: Path) -> None:
 
 
 def test_csv_from_builder_reads_back(capsys, tmp_path: Path) -> None:
-    pytest.importorskip("titan_morph.pipelining.builders")
     csv = tmp_path / "p.csv"
     d = _json(capsys, *FIG4, "--schedule", "pipemorph", "--delays", "0,30,0", "--csv", str(csv))
     assert [[str(op) for op in order] for order in read_csv(csv)] == [d["orders"][str(s)] for s in range(4)]
@@ -168,7 +163,6 @@ def test_bad_arguments_exit_2_with_one_line(capsys, argv: list[str], needle: str
 
 
 def test_memory_below_schedule_need(capsys) -> None:
-    pytest.importorskip("titan_morph.pipelining.builders")
     rc, _, err = _run(capsys, *FIG4, "--schedule", "zb-h2", "--memory", "3")
     assert rc == 2 and err.count("\n") == 1
     assert "--memory 3" in err and "zb-h2" in err and "stage 0 needs 7" in err and "M_0 = 3" in err

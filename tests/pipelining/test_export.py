@@ -170,11 +170,12 @@ def test_export_imports_without_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-# --- pictures of simulated runs (need the simulator) ------------------------------------------
+# --- pictures of simulated runs ------------------------------------------
 
 
 def _simulated(orders, delays=(0.0,), depth=None):
-    simulate = pytest.importorskip("titan_morph.pipelining.simulate").simulate
+    from titan_morph.pipelining.simulate import simulate
+
     model = MODEL.with_delays(delays)
     return simulate(model, orders, depth=depth)
 
