@@ -166,7 +166,10 @@ def test_format_orders_grid() -> None:
 
 
 def test_export_imports_without_torch() -> None:
-    code = "import sys, titan_morph.pipelining.export as e; assert 'torch' not in sys.modules, 'torch imported'"
+    code = (
+        "import sys, titan_morph.pipelining.export, titan_morph.pipelining.plan;"
+        " assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules, 'heavy import at module level'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
