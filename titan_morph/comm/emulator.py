@@ -12,12 +12,15 @@ How it works. A *message* is the ops one ``batch_p2p`` call addresses to one (li
 (one microbatch's activations or gradients); both sides of a link group identically (torch's
 stages do). Sends are held on the sender: per (link, direction) a thread releases each message to
 the inner transport at its delivery time, so the receiver sees it ≈ ``accepted + c`` later.
-Receives are posted to the inner transport at once. Their ``wait`` first waits (bounded) for the
-sender's release notice in the c10d store, then for the inner work, which by then is in flight.
-This side channel exists because gloo cannot poll a receive: ``Work.is_completed`` stays False
-until ``wait`` and a ``wait(timeout)`` that expires closes the pair; with it every wait is bounded
-and a refused send on a down link reaches the receiver as :class:`LinkDownError` at once, never
-as a hang.
+Receives are posted to the inner transport at once. Their ``wait`` first waits (bounded, in
+``poll_s`` slices that re-check the model for a down link) for the sender's commit notice in the
+c10d store, written by the link thread as soon as the message is accepted, then blocks on the
+inner work, which is then certain to complete at ≈ the delivery time (so the receiver observes
+the true arrival). This side channel exists because gloo cannot poll a receive:
+``Work.is_completed`` stays False until ``wait``, a ``wait(timeout)`` that expires closes the pair
+to the peer, and a thread left blocked in a gloo wait aborts the process at exit. With it every
+wait is bounded and a send refused on a down link reaches the receiver as
+:class:`LinkDownError` at once, never as a hang.
 
 Time base: all ranks share ``epoch`` (a ``time.monotonic()`` value, see :func:`sync_epoch`); times
 handed to the link model are ms since the epoch, and step-keyed traces read :attr:`step`.
@@ -25,12 +28,14 @@ handed to the link model are ms since the epoch, and step-keyed traces read :att
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
 import itertools
 import math
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 
@@ -48,12 +53,14 @@ class CommTimeoutError(TimeoutError):
 
 
 def sync_epoch(group: dist.ProcessGroup | None = None) -> float:
-    """Broadcast group rank 0's ``time.monotonic()``; every rank uses it as t=0 of the link model.
+    """Broadcast group rank 0's ``time.monotonic()`` taken right after a barrier (so t=0 is when all
+    ranks are ready); every rank uses it as t=0 of the link model. Collective over ``group``.
 
     On one host ``CLOCK_MONOTONIC`` is shared by all processes, so the epoch is exact. Across hosts
     monotonic clocks are unrelated: there each host would need its own offset (e.g. from
     ``time.time()`` under NTP, ~ms accurate); this emulator targets one host.
     """
+    dist.barrier(group=group)
     t = torch.tensor([time.monotonic()], dtype=torch.float64)
     dist.broadcast(t, group=group, group_src=0)
     return float(t.item())
@@ -66,7 +73,7 @@ class MessageRecord:
     Sender: ``issued`` (batch_p2p called), ``accepted`` (after head-of-line blocking), ``planned``
     (= intended delivery, ``accepted + delay_ms`` or later for FIFO), ``released`` (handed to the
     inner transport), ``completed`` (its wait returned). Receiver: ``issued`` (recv posted),
-    ``notified`` (sender's release seen), ``completed`` (data in the buffer, observed by wait).
+    ``notified`` (sender's commit notice seen), ``completed`` (data in the buffer, observed by wait).
     Observed delay of message ``seq`` = receiver ``completed`` − sender ``accepted``.
     """
 
@@ -92,55 +99,85 @@ class MessageRecord:
 
 
 class _Outgoing:
-    __slots__ = ("ops", "release_at", "key", "record", "done", "handles", "error")
+    __slots__ = ("ops", "release_at", "key", "record", "done", "handles", "error", "value")
 
-    def __init__(self, ops: list[dist.P2POp], release_at: float, key: str, record: MessageRecord) -> None:
-        self.ops, self.release_at, self.key, self.record = ops, release_at, key, record
+    def __init__(self, ops: list[dist.P2POp], release_at: float, key: str, record: MessageRecord, value: str) -> None:
+        self.ops, self.release_at, self.key, self.record, self.value = ops, release_at, key, record, value
         self.done = threading.Event()
         self.handles: list[Handle] = []
         self.error: BaseException | None = None
 
 
 class _Sender(threading.Thread):
-    """Releases one (link, direction)'s messages to the inner transport at their delivery times."""
+    """Announces one (link, direction)'s messages at once and releases them at their delivery times.
+
+    The announcement (store key ``ok:<nbytes>``) tells the receiver the message is committed, so it
+    can block on the data itself and observe the true arrival time; the release hands the message
+    to the inner transport at ``accepted + delay``.
+    """
 
     def __init__(self, owner: EmulatedTransport, link: int, direction: str) -> None:
         super().__init__(name=f"titan_morph-link{link}-{direction}", daemon=True)
         self.owner, self.link, self.direction = owner, link, direction
         self.items: deque[_Outgoing] = deque()
+        self.to_announce: list[_Outgoing] = []
         self.cond = threading.Condition()
         self.stopping = False
-        self.abort = threading.Event()
+        self.aborted = False
+        self.last_release = 0.0
 
     def put(self, item: _Outgoing) -> None:
         with self.cond:
             if self.stopping:
                 raise RuntimeError(f"EmulatedTransport is closed (link {self.link} {self.direction})")
+            item.release_at = max(item.release_at, self.last_release)  # FIFO on the wire
+            self.last_release = item.release_at
             self.items.append(item)
+            self.to_announce.append(item)
             self.cond.notify()
 
-    def run(self) -> None:
-        while True:
-            with self.cond:
-                while not self.items and not self.stopping:
+    def _next_batch(self) -> tuple[list[_Outgoing], list[_Outgoing]] | None:
+        """Wait until something is to announce or due; None when stopped and drained (or aborted)."""
+        with self.cond:
+            while True:
+                if self.aborted:
+                    return None
+                announce, self.to_announce = self.to_announce, []
+                due = []
+                now = time.monotonic()
+                while self.items and self.items[0].release_at <= now:
+                    due.append(self.items.popleft())
+                if announce or due:
+                    return announce, due
+                if self.items:
+                    self.cond.wait(self.items[0].release_at - now)
+                elif self.stopping:
+                    return None
+                else:
                     self.cond.wait()
-                if not self.items:
-                    return
-                item = self.items[0]
-            remaining = item.release_at - time.monotonic()
-            if remaining > 0 and self.abort.wait(remaining):
-                self._fail_all(RuntimeError("EmulatedTransport closed before the message was released"))
-                return
-            with self.cond:
-                self.items.popleft()
-            try:
-                item.handles = self.owner.inner.batch_p2p(item.ops)
-                item.record.released = self.owner.now_ms()
-                self.owner._notify(item.key, f"ok:{item.record.nbytes}")
-            except BaseException as e:  # surfaced by the handle's wait()
-                item.error = e
-                item.record.status = "error"
-            item.done.set()
+
+    def run(self) -> None:
+        owner = self.owner
+        while (batch := self._next_batch()) is not None:
+            announce, due = batch
+            for item in announce:
+                try:
+                    owner._notify(item.key, f"{item.value}:{item.record.nbytes}")
+                except BaseException as e:  # surfaced by the handle's wait()
+                    item.error = e
+            for item in due:
+                try:
+                    if item.error is None:
+                        item.handles = owner.inner.batch_p2p(item.ops)
+                        item.record.released = owner.now_ms()
+                        if item.value == "down":
+                            item.record.status = "down"
+                except BaseException as e:
+                    item.error = e
+                if item.error is not None:
+                    item.record.status = "error"
+                item.done.set()
+        self._fail_all(RuntimeError(f"EmulatedTransport closed before link {self.link} ({self.direction}) released"))
 
     def _fail_all(self, error: BaseException) -> None:
         with self.cond:
@@ -149,6 +186,12 @@ class _Sender(threading.Thread):
             item.error = error
             item.record.status = "error"
             item.done.set()
+
+    def stop(self, drain: bool) -> None:
+        with self.cond:
+            self.stopping = True
+            self.aborted = self.aborted or not drain
+            self.cond.notify()
 
 
 class _SendHandle:
@@ -171,6 +214,7 @@ class _SendHandle:
         if rec.completed is None:
             rec.completed = self.owner.now_ms()
             rec.status = "done"
+            self.owner._unwaited.pop(id(item), None)
         return True
 
     def is_completed(self) -> bool:
@@ -210,10 +254,8 @@ class _RecvHandle:
                 down_since = None
         value = owner._take_key(self.key)
         rec.notified = owner.now_ms()
-        if value.startswith("down"):
-            rec.status = "down"
-            raise LinkDownError(rec.link, rec.direction, f": stage {rec.peer_stage} could not send message {rec.seq}")
-        sent_bytes = int(value.split(":", 1)[1])
+        status, sent = value.split(":", 1)
+        sent_bytes = int(sent)
         if sent_bytes != rec.nbytes:
             rec.status = "error"
             raise RuntimeError(
@@ -223,6 +265,9 @@ class _RecvHandle:
         for h in self.handles:
             h.wait(max(0.0, deadline - time.monotonic()))
         rec.completed = owner.now_ms()
+        if status == "down":  # the sender refused it; its placeholder kept the wire in step
+            rec.status = "down"
+            raise LinkDownError(rec.link, rec.direction, f": stage {rec.peer_stage} could not send message {rec.seq}")
         rec.status = "done"
         self._done = True
         return True
@@ -232,6 +277,17 @@ class _RecvHandle:
 
 
 _instances = itertools.count()
+_live: weakref.WeakSet[EmulatedTransport] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_transports() -> None:
+    """A link thread caught inside a C++ call at interpreter shutdown aborts the process; stop them."""
+    for t in list(_live):
+        try:
+            t.close(timeout=1.0, drain=False)
+        except Exception:
+            pass
 
 
 class EmulatedTransport:
@@ -310,7 +366,10 @@ class EmulatedTransport:
         self._recv_seq: dict[tuple[int, str], int] = {}
         self._records: list[MessageRecord] = []
         self._blocked: dict[int, float] = {}
+        # Sends not yet waited, kept alive: dropping a gloo Work before it completes cancels the send.
+        self._unwaited: dict[int, _Outgoing] = {}
         self._closed = False
+        _live.add(self)
 
     # -- time base -------------------------------------------------------------------------
     def now_ms(self) -> float:
@@ -364,10 +423,15 @@ class EmulatedTransport:
         return s
 
     def _refuse(self, link: int, direction: str, ops: list[dist.P2POp], when: str) -> LinkDownError:
+        """Refuse a send on a down link. Its payload still travels, undelayed and behind earlier
+        messages, as a placeholder marked ``down``: the receiver's posted receive is consumed (no
+        dangling gloo receive to swallow a later message) and then raises ``LinkDownError``."""
         seq = self._next(self._send_seq, link, direction)
         rec = self._new_record("send", link, direction, seq, ops)
         rec.status = "down"
-        self._notify(self._key(link, direction, seq), "down")
+        item = _Outgoing(ops, time.monotonic(), self._key(link, direction, seq), rec, "down")
+        self._unwaited[id(item)] = item
+        self._sender(link, direction).put(item)
         return LinkDownError(link, direction, f"{when}: send of message {seq} to stage {rec.peer_stage} refused")
 
     def batch_p2p(self, ops: list[dist.P2POp], desc: str | None = None) -> list[Handle]:
@@ -419,7 +483,8 @@ class EmulatedTransport:
         if wait_s > 0:  # head-of-line blocking: the caller waits for the oldest in-flight delivery
             time.sleep(wait_s)
         self._blocked[link] = self._blocked.get(link, 0.0) + timing.blocked
-        item = _Outgoing(ops, self.epoch + timing.delivered / 1e3, self._key(link, direction, seq), rec)
+        item = _Outgoing(ops, self.epoch + timing.delivered / 1e3, self._key(link, direction, seq), rec, "ok")
+        self._unwaited[id(item)] = item
         self._sender(link, direction).put(item)
         return _SendHandle(self, item)
 
@@ -446,18 +511,22 @@ class EmulatedTransport:
         self._closed = True
         deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
         for s in self._senders.values():
-            with s.cond:
-                s.stopping = True
-                s.cond.notify()
-            if not drain:
-                s.abort.set()
+            s.stop(drain)
         stuck = []
         for (link, d), s in self._senders.items():
             s.join(max(0.0, deadline - time.monotonic()))
             if s.is_alive():
-                s.abort.set()
+                s.stop(drain=False)
                 s.join(1.0)
                 stuck.append(f"link {link} {d}")
+        if drain:  # sends nobody waited (e.g. placeholders of refused ones) must finish before teardown
+            for item in list(self._unwaited.values()):
+                for h in item.handles:
+                    try:
+                        h.wait(max(0.1, min(5.0, deadline - time.monotonic())))
+                    except Exception:
+                        pass
+        self._unwaited.clear()
         self.inner.close()
         if stuck:
             raise CommTimeoutError(f"EmulatedTransport.close: queued sends not released in time on {', '.join(stuck)}")
