@@ -48,6 +48,8 @@ WAIT_W = 1
 WAIT_F = 2
 WAIT_W_FOR_F = 4
 POLICY_BITS = (WAIT_W, WAIT_F, WAIT_W_FOR_F)
+PERTURB = "mixed"
+"""Perturbation of the iterated local search: random valid swaps, critical-block moves, or mixed."""
 KNOB_SHARE = 0.5
 """Share of the budget for the knob phase under static links (the rest polishes orders)."""
 POLISH_STARTS = 2
@@ -355,6 +357,18 @@ def _move(order: Sequence[Code], i: int, j: int) -> list[Code]:
     return out
 
 
+def _better(ms: float, sec: float, best_ms: float, best_sec: float) -> bool:
+    """Lexicographic (makespan, secondary) comparison with a float tolerance."""
+    if ms < best_ms - 1e-9:
+        return True
+    return ms <= best_ms + 1e-9 and sec < best_sec - 1e-9
+
+
+def _secondary(ends: list[list[float]]) -> float:
+    """Tie-breaker between equal makespans: the sum of the stages' finish times."""
+    return sum(e[-1] for e in ends if e)
+
+
 def _descend(
     model: CostModel, cur: list[list[Code]], caps: Sequence[int], max_evaluations: int
 ) -> tuple[float, float, list[list[Code]], int] | None:
@@ -363,7 +377,7 @@ def _descend(
     if res is None:
         return None
     cur_ms, starts, ends = res
-    cur_sec = sum(e[-1] for e in ends if e)
+    cur_sec = _secondary(ends)
     used = 1
     while used < max_evaluations:
         improved = False
@@ -379,7 +393,7 @@ def _descend(
             res = _timeline(model, trial)
             if res is None or res[0] > cur_ms + 1e-9:
                 continue
-            sec = sum(e[-1] for e in res[2] if e)
+            sec = _secondary(res[2])
             # Lexicographic (makespan, sum of stage finish times): plateau moves that free a stage
             # earlier are taken too, and the strict decrease rules out cycles.
             if res[0] < cur_ms - 1e-9 or sec < cur_sec - 1e-9:
@@ -413,6 +427,25 @@ def _perturb(cur: list[list[Code]], caps: Sequence[int], rng: random.Random, swa
     return out
 
 
+def _perturb_critical(
+    model: CostModel, cur: list[list[Code]], caps: Sequence[int], rng: random.Random, moves: int
+) -> list[list[Code]]:
+    """``moves`` random valid critical-block insertions (each on the then-current critical path)."""
+    out = [o[:] for o in cur]
+    for _ in range(moves):
+        res = _timeline(model, out)
+        if res is None:
+            break
+        cands = _block_moves(_critical_blocks(model, out, res[1], res[2]))
+        rng.shuffle(cands)
+        for s, i, j in cands:
+            cand = _move(out[s], i, j)
+            if _stage_ok(cand, caps[s]):
+                out[s] = cand
+                break
+    return out
+
+
 def polish(
     model: CostModel, orders: Sequence[Sequence[Op]], max_evaluations: int, *, seed: int = 0
 ) -> tuple[float, tuple[Order, ...], int]:
@@ -428,10 +461,13 @@ def polish(
     best_ms, best_sec, best, used = first
     rng = random.Random(seed)
     while used < max_evaluations:
-        trial = _perturb(best, caps, rng, 1 + rng.randrange(3))
+        if PERTURB == "critical" or (PERTURB == "mixed" and rng.random() < 0.5):
+            trial = _perturb_critical(model, best, caps, rng, 1 + rng.randrange(2))
+        else:
+            trial = _perturb(best, caps, rng, 1 + rng.randrange(3))
         res = _descend(model, trial, caps, max_evaluations - used)
         used += 1 if res is None else res[3]
-        if res is not None and (res[0], res[1]) < (best_ms - 1e-9, best_sec - 1e-9):
+        if res is not None and _better(res[0], res[1], best_ms, best_sec):
             best_ms, best_sec, best = res[0], res[1], res[2]
     kinds = ("F", "I", "W")
     return best_ms, tuple(tuple(Op(kinds[c], m) for c, m in o) for o in best), used
