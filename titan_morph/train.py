@@ -82,6 +82,8 @@ def _make_trainer_class():
             if job.save_config_file is None:
                 job.save_config_file = "config.json"  # TorchTitan writes the resolved config there
             super().__init__(job_config)
+            if hasattr(self, "pp_schedule") and hasattr(self.metrics_processor, "schedule"):
+                self.metrics_processor.schedule = self.pp_schedule  # its tensorboard_metrics(step)
             if int(os.environ.get("RANK", "0")) == 0:
                 self._write_run_info(job_config)
 

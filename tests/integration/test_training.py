@@ -101,3 +101,23 @@ def test_run_train_sh_ten_steps(tmp_path):
     assert sorted(losses) == list(range(1, 11))
     assert losses[10] < losses[1] - 1.0
     assert LOSS_TAG in result.output or "loss:" in result.output
+
+
+def test_plugged_in_schedule_runs_and_reports_metrics(tmp_path, no_leftovers):
+    """A schedule registered by a plug-in module is built by llama3_morph; its metrics reach TensorBoard."""
+    result = torchrun(
+        2,
+        tmp_path / "probe",
+        "--training.steps",
+        "2",
+        "--experimental.custom_import",
+        "probe_schedule",
+        "--parallelism.pipeline_parallel_schedule",
+        "Probe1F1B",
+        env={"PYTHONPATH": str(REPO / "tests" / "integration")},
+    )
+    _assert_ok(result)
+    assert result.scalars("morph/probe_steps") == {1: 1.0, 2: 2.0}
+    assert result.scalars("morph/probe_stage") == {1: 1.0, 2: 1.0}  # written by the last stage
+    assert sorted(result.losses()) == [1, 2]
+    no_leftovers(tmp_path)

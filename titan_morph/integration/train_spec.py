@@ -17,6 +17,7 @@ from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_
 from torchtitan.protocols.train_spec import TrainSpec, get_train_spec, register_train_spec
 from torchtitan.tools.logging import logger
 
+from titan_morph.integration.metrics import build_morph_metrics_processor
 from titan_morph.integration.schedules import ScheduleRequest, build_schedule, check_schedule_name
 
 TRAIN_SPEC_NAME = "llama3_morph"
@@ -101,8 +102,12 @@ def pipeline_one_stage_per_rank(
 
 
 def make_train_spec() -> TrainSpec:
-    """TorchTitan's llama3 TrainSpec with titan_morph's pipelining."""
-    return dataclasses.replace(get_train_spec("llama3"), pipelining_fn=pipeline_one_stage_per_rank)
+    """TorchTitan's llama3 TrainSpec with titan_morph's pipelining and schedule metrics."""
+    return dataclasses.replace(
+        get_train_spec("llama3"),
+        pipelining_fn=pipeline_one_stage_per_rank,
+        build_metrics_processor_fn=build_morph_metrics_processor,
+    )
 
 
 def register() -> None:
