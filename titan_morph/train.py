@@ -60,9 +60,11 @@ def prepare_args(argv: list[str]) -> list[str]:
 def run_id() -> str:
     """One id per launch, equal on every rank: $TITAN_MORPH_RUN_ID (run_train.sh), else torchrun's."""
     rid = os.environ.get("TITAN_MORPH_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID", "")
-    if rid in ("", "none"):
-        rid = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
-    return rid
+    if rid not in ("", "none"):
+        return rid
+    if "LOCAL_RANK" in os.environ:  # torchrun without an id: the local agent's pid is shared by its ranks
+        return time.strftime("%Y%m%d") + f"-agent{os.getppid()}-port{os.environ.get('MASTER_PORT', '0')}"
+    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
 
 
 def _make_trainer_class():

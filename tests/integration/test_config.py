@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import replace
 
 import pytest
@@ -161,3 +162,17 @@ def test_world_size_from_config_and_overrides():
     assert world_size(str(DEFAULT_CONFIG), []) == 4
     assert world_size(str(DEFAULT_CONFIG), ["--parallelism.pipeline_parallel_degree", "2"]) == 2
     assert world_size(str(DEFAULT_CONFIG), ["--parallelism.pipeline_parallel_degree=3"]) == 3
+
+
+def test_run_id_is_shared_by_the_ranks_of_one_launch(monkeypatch):
+    from titan_morph.train import run_id
+
+    monkeypatch.setenv("TITAN_MORPH_RUN_ID", "20260101-000000-1")
+    assert run_id() == "20260101-000000-1"
+    monkeypatch.delenv("TITAN_MORPH_RUN_ID")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc-uuid")
+    assert run_id() == "abc-uuid"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun without --standalone/--rdzv-id
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert run_id().endswith(f"-agent{os.getppid()}-port29500")
