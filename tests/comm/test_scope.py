@@ -1,0 +1,190 @@
+"""use_transport routes torch's pipeline runtime P2P through a Transport and always restores it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from .spawn_ranks import run_ranks
+
+MICROBATCHES = 4
+
+
+class _Recording:
+    """A minimal in-process transport: records the batches it is given."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[list, str | None]] = []
+
+    def batch_p2p(self, ops, desc=None):
+        self.batches.append((list(ops), desc))
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def test_swap_restore_nesting_and_errors():
+    from torch.distributed.pipelining import schedules
+
+    from titan_morph.comm import TorchTransport, Transport, active_transport, use_transport
+
+    original = schedules._batch_p2p
+    a, b = _Recording(), _Recording()
+    assert isinstance(a, Transport) and isinstance(TorchTransport(), Transport)
+    with use_transport(a):
+        assert schedules._batch_p2p is not original and active_transport() is a
+        schedules._batch_p2p([], desc="fwd_send")  # looked up at call time, as the runtime does
+        with use_transport(a):  # re-entry with the same transport nests
+            schedules._batch_p2p([])
+        assert schedules._batch_p2p is not original
+        with pytest.raises(RuntimeError, match="already active"):
+            with use_transport(b):
+                pass
+        assert active_transport() is a
+    assert schedules._batch_p2p is original and active_transport() is None
+    assert [d for _, d in a.batches] == ["fwd_send", None] and b.batches == []
+
+    with pytest.raises(ValueError, match="boom"):
+        with use_transport(b):
+            raise ValueError("boom")
+    assert schedules._batch_p2p is original and active_transport() is None
+    with pytest.raises(TypeError, match="batch_p2p"):
+        with use_transport(object()):  # type: ignore[arg-type]
+            pass
+    assert schedules._batch_p2p is original
+
+
+def test_import_is_light():
+    code = "import sys, threading, titan_morph.comm as c; assert 'torch' not in sys.modules; "
+    code += "assert threading.active_count() == 1; assert 'EmulatedTransport' in c.__all__"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+class _Counting:
+    """A real transport wrapper: counts ops per (link, direction, send/recv), then uses torch."""
+
+    def __init__(self, stage: int, num_stages: int) -> None:
+        from titan_morph.comm import TorchTransport
+
+        self.inner, self.stage, self.num_stages = TorchTransport(), stage, num_stages
+        self.counts: Counter = Counter()
+
+    def batch_p2p(self, ops, desc=None):
+        from titan_morph.comm import classify_op
+
+        for op in ops:
+            lo = classify_op(op, self.stage, self.num_stages)
+            self.counts[(lo.link, lo.direction, "send" if lo.is_send else "recv")] += 1
+        return self.inner.batch_p2p(ops, desc)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _Failing(_Counting):
+    def batch_p2p(self, ops, desc=None):
+        raise RuntimeError("injected transport failure")
+
+
+def _pipeline(rank: int, world: int, schedule_name: str, transport_kind: str):
+    import torch
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage, schedules
+
+    from titan_morph.comm import EmulatedTransport, TorchTransport, sync_epoch, use_transport
+    from titan_morph.pipelining.links import StaticDelays
+
+    torch.manual_seed(0)
+    full = [nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(world)]
+    stage = PipelineStage(full[rank], stage_index=rank, num_stages=world, device=torch.device("cpu"))
+    cls = getattr(schedules, schedule_name)
+    kwargs = {} if cls is schedules.Schedule1F1B else {}
+    sched = cls(
+        [stage] if issubclass(cls, schedules.PipelineScheduleMulti) else stage,
+        MICROBATCHES,
+        loss_fn=nn.functional.mse_loss,
+        **kwargs,
+    )
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 8, generator=g), torch.randn(8, 8, generator=g)
+
+    def step():
+        losses: list = []
+        if rank == 0:
+            sched.step(x)
+        else:
+            sched.step(target=y, losses=losses)
+        return [float(v.detach()) for v in losses], [p.grad.clone() for p in full[rank].parameters()]
+
+    if transport_kind == "none":
+        losses, grads = step()
+        return losses, grads, {}
+    if transport_kind == "counting":
+        transport = _Counting(rank, world)
+    elif transport_kind == "emulated":
+        model = StaticDelays((10.0,) * (world - 1), (20.0,) * (world - 1))
+        transport = EmulatedTransport(
+            TorchTransport(), model, stage=rank, num_stages=world, depth=2, epoch=sync_epoch()
+        )
+    else:
+        transport = _Failing(rank, world)
+        try:
+            with use_transport(transport):
+                step()
+        except RuntimeError as e:
+            assert "injected transport failure" in str(e)
+        restored = (
+            schedules._batch_p2p is schedules.__dict__["_batch_p2p"]
+            and getattr(schedules._batch_p2p, "__titan_morph_transport__", False) is False
+        )
+        import torch.distributed as dist
+
+        dist.barrier()
+        return None, None, {"restored": restored}
+    with use_transport(transport):
+        losses, grads = step()
+    transport.close()
+    counts = (
+        dict(transport.counts)
+        if transport_kind == "counting"
+        else {(r.link, r.direction, r.side): 1 for r in transport.records()}
+    )
+    if transport_kind == "emulated":
+        counts = dict(Counter((r.link, r.direction, r.side) for r in transport.records()))
+    return losses, grads, counts
+
+
+@pytest.mark.parametrize("schedule_name", ["Schedule1F1B", "ScheduleInterleavedZeroBubble"])
+def test_runtime_routes_every_p2p_through_transport(schedule_name):
+    import torch
+
+    plain = run_ranks(_pipeline, 2, schedule_name, "none", timeout=60)
+    routed = run_ranks(_pipeline, 2, schedule_name, "counting", timeout=60)
+    m = MICROBATCHES
+    assert routed[0][2] == {(0, "fwd", "send"): m, (0, "bwd", "recv"): m}
+    assert routed[1][2] == {(0, "fwd", "recv"): m, (0, "bwd", "send"): m}
+    for p, r in zip(plain, routed):
+        assert p[0] == r[0]  # identical losses
+        assert all(torch.equal(a, b) for a, b in zip(p[1], r[1]))  # bit-identical gradients
+
+
+def test_emulated_transport_in_runtime_same_losses():
+    import torch
+
+    plain = run_ranks(_pipeline, 2, "Schedule1F1B", "none", timeout=60)
+    emulated = run_ranks(_pipeline, 2, "Schedule1F1B", "emulated", timeout=60)
+    m = MICROBATCHES
+    assert emulated[0][2] == {(0, "fwd", "send"): m, (0, "bwd", "recv"): m}
+    assert emulated[1][2] == {(0, "fwd", "recv"): m, (0, "bwd", "send"): m}
+    for p, e in zip(plain, emulated):
+        assert p[0] == e[0]
+        assert all(torch.equal(a, b) for a, b in zip(p[1], e[1]))
+
+
+def test_swap_restored_after_exception_in_real_step():
+    res = run_ranks(_pipeline, 2, "Schedule1F1B", "failing", timeout=60)
+    assert all(r[2]["restored"] for r in res)
