@@ -176,3 +176,17 @@ def test_run_id_is_shared_by_the_ranks_of_one_launch(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("MASTER_PORT", "29500")
     assert run_id().endswith(f"-agent{os.getppid()}-port29500")
+
+
+def test_trace_file_is_checked_against_the_pipeline(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("step,link,delay_ms\n3,2,40\n8,2,0\n")
+    morph = Morph(inject=Inject(mode="trace", trace_file=str(trace)))
+    validate_morph(morph, 4)
+    model = link_model_from_config(morph.inject, 3)
+    assert model is not None and model.delay_ms(2, "bwd", step=5) == 40.0 and model.delay_ms(2, "fwd", step=9) == 0.0
+    with pytest.raises(MorphConfigError, match=r"morph\.inject\.trace_file.*out of range"):
+        validate_morph(morph, 2)  # one link only
+    trace.write_text("when,link\n1,0\n")
+    with pytest.raises(MorphConfigError, match=r"morph\.inject\.trace_file.*needs columns"):
+        validate_morph(morph, 4)
