@@ -180,3 +180,24 @@ def test_runtime_routes_every_p2p_through_transport(schedule_name, world):
 def test_swap_restored_after_exception_in_real_step():
     res = run_ranks(_pipeline, 2, "Schedule1F1B", ["failing"], timeout=60)
     assert all(r["failing"] for r in res)
+
+
+def test_emulator_rejects_bad_settings_with_clear_errors():
+    from titan_morph.comm import EmulatedTransport, TorchTransport
+    from titan_morph.pipelining.links import StaticDelays
+
+    def make(**kw):
+        args = dict(stage=0, num_stages=2, depth=1, epoch=0.0)
+        args.update(kw)
+        return EmulatedTransport(TorchTransport(), StaticDelays((0.0,)), **args)
+
+    with pytest.raises(ValueError, match="1 links but 3 stages need 2"):
+        make(num_stages=3)
+    with pytest.raises(ValueError, match=r"stage must be in 0\.\.1"):
+        make(stage=2)
+    with pytest.raises(ValueError, match="depth must be >= 1"):
+        make(depth=0)
+    with pytest.raises(ValueError, match="timeout_s must be a finite number"):
+        make(timeout_s=float("inf"))
+    with pytest.raises(RuntimeError, match="needs torch.distributed to be initialized"):
+        make()

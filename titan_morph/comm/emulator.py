@@ -163,6 +163,7 @@ class _Sender(threading.Thread):
             for item in announce:
                 try:
                     owner._notify(item.key, f"{item.value}:{item.record.nbytes}")
+                    owner._forget(self.link, self.direction, item.record.seq)
                 except BaseException as e:  # surfaced by the handle's wait()
                     item.error = e
             for item in due:
@@ -241,7 +242,8 @@ class _RecvHandle:
                     f"receive of message {rec.seq} on link {rec.link} ({rec.direction}) from stage {rec.peer_stage} "
                     f"did not arrive within {bound:.3g} s (posted at {rec.issued:.1f} ms, step {rec.step})"
                 )
-            if owner._await_key(self.key, min(owner.poll_s, remaining)):
+            value = owner._await_value(self.key, min(owner.poll_s, remaining))
+            if value is not None:
                 break
             if math.isinf(owner.links.delay_ms(rec.link, rec.direction, owner.now_ms(), owner.step)):
                 down_since = time.monotonic() if down_since is None else down_since
@@ -252,7 +254,6 @@ class _RecvHandle:
                     )
             else:
                 down_since = None
-        value = owner._take_key(self.key)
         rec.notified = owner.now_ms()
         status, sent = value.split(":", 1)
         sent_bytes = int(sent)
@@ -277,6 +278,9 @@ class _RecvHandle:
 
 
 _instances = itertools.count()
+# Commit notices older than this many messages on a (link, direction) are deleted by the sender: a
+# receiver never lags that far behind (a pipeline has at most ~microbatches messages in flight).
+KEY_WINDOW = 4096
 _live: weakref.WeakSet[EmulatedTransport] = weakref.WeakSet()
 
 
@@ -359,6 +363,7 @@ class EmulatedTransport:
         self._send_store = dist.PrefixStore(ns, base.clone())
         self._recv_store = dist.PrefixStore(ns, base.clone())
         self._send_store_lock, self._recv_store_lock = threading.Lock(), threading.Lock()
+        self._recv_timeout = -1.0
         self._lock = threading.Lock()  # issue path: queues, sequence numbers, records
         self._queues: dict[tuple[int, str], LinkQueue] = {}
         self._senders: dict[tuple[int, str], _Sender] = {}
@@ -388,19 +393,22 @@ class EmulatedTransport:
         with self._send_store_lock:
             self._send_store.set(key, value)
 
-    def _await_key(self, key: str, timeout_s: float) -> bool:
+    def _await_value(self, key: str, timeout_s: float) -> str | None:
+        """The commit notice of a message, waiting at most ``timeout_s`` (one store round trip)."""
         with self._recv_store_lock:
+            if timeout_s != self._recv_timeout:
+                self._recv_store.set_timeout(datetime.timedelta(seconds=timeout_s))
+                self._recv_timeout = timeout_s
             try:
-                self._recv_store.wait([key], datetime.timedelta(seconds=timeout_s))
-                return True
+                return self._recv_store.get(key).decode()
             except dist.DistStoreError:
-                return False
+                return None
 
-    def _take_key(self, key: str) -> str:
-        with self._recv_store_lock:
-            value = self._recv_store.get(key).decode()
-            self._recv_store.delete_key(key)
-        return value
+    def _forget(self, link: int, direction: str, seq: int) -> None:
+        """Delete the notice ``KEY_WINDOW`` messages back (long consumed) so the store stays small."""
+        if seq >= KEY_WINDOW:
+            with self._send_store_lock:
+                self._send_store.delete_key(self._key(link, direction, seq - KEY_WINDOW))
 
     # -- issue path ------------------------------------------------------------------------
     def _next(self, table: dict[tuple[int, str], int], link: int, direction: str) -> int:
@@ -493,6 +501,14 @@ class EmulatedTransport:
         """Snapshot of all message records so far (copies; both sides of this rank)."""
         with self._lock:
             return [dataclasses.replace(r) for r in self._records]
+
+    def take_records(self) -> list[MessageRecord]:
+        """Records so far, then forget them (per-step metrics without unbounded growth).
+
+        A message still in flight is returned now and updated no further in this list."""
+        with self._lock:
+            out, self._records = self._records, []
+        return out
 
     def clear_records(self) -> None:
         with self._lock:
