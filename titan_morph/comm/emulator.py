@@ -242,7 +242,7 @@ class _RecvHandle:
                     f"receive of message {rec.seq} on link {rec.link} ({rec.direction}) from stage {rec.peer_stage} "
                     f"did not arrive within {bound:.3g} s (posted at {rec.issued:.1f} ms, step {rec.step})"
                 )
-            value = owner._await_value(self.key, min(owner.poll_s, remaining))
+            value = owner._await_value(rec.link, rec.direction, self.key, min(owner.poll_s, remaining))
             if value is not None:
                 break
             if math.isinf(owner.links.delay_ms(rec.link, rec.direction, owner.now_ms(), owner.step)):
@@ -358,12 +358,12 @@ class EmulatedTransport:
         self.timeout_s, self.down_grace_s, self.poll_s = float(timeout_s), float(down_grace_s), float(poll_s)
         self.step = 0
         self._group_name = self.group.group_name
-        base = store if store is not None else dist.distributed_c10d._get_default_store()
+        self._base_store = store if store is not None else dist.distributed_c10d._get_default_store()
         ns = namespace if namespace is not None else f"titan_morph/emu/{self._group_name}/{next(_instances)}"
-        self._send_store = dist.PrefixStore(ns, base.clone())
-        self._recv_store = dist.PrefixStore(ns, base.clone())
-        self._send_store_lock, self._recv_store_lock = threading.Lock(), threading.Lock()
-        self._recv_timeout = -1.0
+        self._namespace = ns
+        self._send_store = dist.PrefixStore(ns, self._base_store.clone())
+        self._send_store_lock, self._recv_lock = threading.Lock(), threading.Lock()
+        self._recv_clients: dict[tuple[int, str], list] = {}
         self._lock = threading.Lock()  # issue path: queues, sequence numbers, records
         self._queues: dict[tuple[int, str], LinkQueue] = {}
         self._senders: dict[tuple[int, str], _Sender] = {}
@@ -393,14 +393,25 @@ class EmulatedTransport:
         with self._send_store_lock:
             self._send_store.set(key, value)
 
-    def _await_value(self, key: str, timeout_s: float) -> str | None:
-        """The commit notice of a message, waiting at most ``timeout_s`` (one store round trip)."""
-        with self._recv_store_lock:
-            if timeout_s != self._recv_timeout:
-                self._recv_store.set_timeout(datetime.timedelta(seconds=timeout_s))
-                self._recv_timeout = timeout_s
+    def _await_value(self, link: int, direction: str, key: str, timeout_s: float) -> str | None:
+        """The commit notice of a message, waiting at most ``timeout_s`` (one store round trip).
+
+        One store client per (link, direction), so a wait on one link never delays another's."""
+        with self._recv_lock:
+            client = self._recv_clients.get((link, direction))
+            if client is None:
+                client = self._recv_clients[(link, direction)] = [
+                    dist.PrefixStore(self._namespace, self._base_store.clone()),
+                    threading.Lock(),
+                    -1.0,
+                ]
+        store, lock, _ = client
+        with lock:
+            if timeout_s != client[2]:
+                store.set_timeout(datetime.timedelta(seconds=timeout_s))
+                client[2] = timeout_s
             try:
-                return self._recv_store.get(key).decode()
+                return store.get(key).decode()
             except dist.DistStoreError:
                 return None
 
