@@ -71,6 +71,11 @@ def pipeline_one_stage_per_rank(
             "[parallelism] pipeline_parallel_layers_per_stage is not supported by titan_morph "
             "(one stage per rank); leave it unset"
         )
+    if job_config.parallelism.pipeline_parallel_schedule_csv:
+        raise ValueError(
+            "[parallelism] pipeline_parallel_schedule_csv is not supported by llama3_morph; choose the schedule "
+            "with pipeline_parallel_schedule (or use model.name = 'llama3' for TorchTitan's CSV schedules)"
+        )
     n_microbatches = microbatch_count(job_config)
     pp_mesh = parallel_dims.get_mesh("pp")
     num_stages = parallel_dims.pp
