@@ -81,3 +81,16 @@ def test_missing_ortools_names_the_package(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setitem(sys.modules, "ortools.sat.python.cp_model", None)
     with pytest.raises(ImportError, match="pip install ortools"):
         optimal_makespan(CostModel.uniform(2, 2, 1.0, 1.0, 1.0))
+
+
+def test_closed_form_lower_bound_is_valid_and_used() -> None:
+    from titan_morph.pipelining.exact import lower_bound_ms
+
+    for model in instance_set(5150, 6, s_range=(2, 3), n_mult=(1, 2), memory="tight"):
+        res = optimal_makespan(model, time_limit_s=20)
+        assert res.optimal
+        assert lower_bound_ms(model) <= res.makespan + 1e-9
+    # Memory waves: M = 1 on the last stage serialises F, I there: N (F + I) plus the way in/out.
+    wave = CostModel.uniform(2, 3, 1.0, 2.0, 0.5, delays=4.0, memory=(3, 1))
+    assert lower_bound_ms(wave) >= 3 * (1.0 + 2.0) + (1.0 + 4.0) + (4.0 + 2.0 + 0.5)
+    assert optimal_makespan(wave, time_limit_s=10).makespan >= lower_bound_ms(wave) - 1e-9

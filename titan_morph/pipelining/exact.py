@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from .model import CostModel, Op, Order
 
 _SCALES = (1, 2, 4, 5, 10, 20, 100, 1000)
+EXTRA_PARAMS: dict[str, object] = {}
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,55 @@ def _import_cp_model():  # noqa: ANN202 - module object
             "(it is a dev/benchmark dependency: `pip install titan_morph[dev]`)"
         ) from exc
     return cp_model
+
+
+def _stage_bounds(
+    stages: int,
+    microbatches: int,
+    fwd: Sequence[float],
+    bwd: Sequence[float],
+    wgt: Sequence[float],
+    delays: Sequence[float],
+    caps: Sequence[int],
+) -> list[float]:
+    """Valid lower bounds on the makespan, one per stage (see :func:`lower_bound_ms`)."""
+    S, N = stages, microbatches
+    tf, tb, tw, c = fwd, bwd, wgt, delays
+    out = []
+    for s in range(S):
+        head = sum(tf[j] + c[j] for j in range(s))  # earliest start of any op on s
+        rt = sum(tf[j] + tb[j] + 2 * c[j - 1] for j in range(s + 1, S))  # F end on s -> its I ready
+        chain = sum(c[j] + tb[j] for j in range(s)) + tw[0]  # after the last I on s
+        k = max(1, min(caps[s], N))
+        # (a) Before the first I only forwards run (at most k); the rest follows it.
+        work = min(
+            head + max(tf[s] + rt, f * tf[s]) + (N - f) * tf[s] + N * tb[s] + max(N * tw[s], chain)
+            for f in range(1, k + 1)
+        )
+        # (b) Memory waves: the (j+k)-th F starts >= the j-th F start + F + rt + I (pigeonhole).
+        period = tf[s] + rt + tb[s]
+        waves = head + ((N - 1) // k + 1) * period + chain
+        out.append(max(work, waves))
+    return out
+
+
+def lower_bound_ms(model: CostModel) -> float:
+    """A closed-form lower bound on any schedule's makespan (no solver needed).
+
+    Per stage s, with head_s = Σ_{j<s}(t^F_j + c_j), RT_s = Σ_{j>s}(t^F_j + t^B_j + 2c_{j−1}) (a
+    forward's round trip until its I can start on s), chain_s = Σ_{j<s}(c_j + t^B_j) + t^W_0 and
+    k = min(M_s, N):
+    (a) the first I on s starts >= head_s + t^F_s + RT_s and only f <= k forwards run before it;
+        after it the stage still runs (N − f) F, N I and N W, and the last I is followed by
+        max(N·t^W_s, chain_s): min over f of head_s + max(t^F_s + RT_s, f·t^F_s) + (N − f)t^F_s
+        + N·t^B_s + max(N·t^W_s, chain_s);
+    (b) memory waves: when the (j+k)-th F starts, at least j I's have ended, one of a microbatch
+        whose F was j-th or later, so σ_{j+k} >= σ_j + t^F_s + RT_s + t^B_s; hence
+        head_s + (⌊(N−1)/k⌋ + 1)(t^F_s + RT_s + t^B_s) + chain_s.
+    The exact model adds these as constraints (they help CP-SAT's proof on memory-tight cases).
+    """
+    caps = [model.budget(s) for s in range(model.stages)]
+    return max(_stage_bounds(model.stages, model.microbatches, model.fwd, model.bwd, model.wgt, model.delays, caps))
 
 
 def _pick_scale(values: Sequence[float]) -> tuple[int, bool]:
@@ -288,9 +338,18 @@ def _solve(
                 size = m.new_int_var(dur[(s, "F")] + dur[(s, "I")], horizon, f"live{b}@{s}")
                 live.append(m.new_interval_var(start[(s, "F", b)], size, end[(s, "I", b)], f"mem{b}@{s}"))
             m.add_cumulative(live, [1] * N, cap)
-        # Stage s cannot start before F0 reaches it and must run all its work.
-        head = sum(dur[(j, "F")] + delay[j] for j in range(s))
-        m.add(mk >= head + N * sum(dur[(s, k)] for k in kinds))
+    # Closed-form per-stage bounds (lower_bound_ms), on the integer durations.
+    bounds = _stage_bounds(
+        S,
+        N,
+        [dur[(s, "F")] for s in range(S)],
+        [dur[(s, "I")] for s in range(S)],
+        [dur[(s, "W")] for s in range(S)],
+        delay,
+        [model.budget(s) for s in range(S)],
+    )
+    for b_s in bounds:
+        m.add(mk >= math.ceil(b_s))
     # Symmetry breaking (see module docstring).
     for b in range(N - 1):
         m.add(start[(0, "F", b + 1)] >= end[(0, "F", b)])
@@ -322,6 +381,8 @@ def _solve(
     solver.parameters.max_time_in_seconds = float(time_limit_s)
     solver.parameters.num_workers = int(workers)
     solver.parameters.random_seed = int(seed)
+    for _name, _value in EXTRA_PARAMS.items():
+        setattr(solver.parameters, _name, _value)
     status = solver.solve(m)
     status_name = solver.status_name(status)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):

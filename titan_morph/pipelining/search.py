@@ -62,6 +62,8 @@ POLICY_BITS = (WAIT_W, WAIT_F, WAIT_W_FOR_F)
 PERTURB = "mixed"
 """Perturbation of the iterated local search: random valid swaps, critical-block moves, or mixed."""
 KNOB_SHARE = 0.5
+NEIGHBOUR_ORDER = ("link", "x", "lim", "pol")
+"""Order in which the knob phase tries its move groups (first improvement)."""
 """Share of the budget for the knob phase under static links (the rest polishes orders)."""
 POLISH_STARTS = 2
 """How many distinct knob-phase local optima are polished."""
@@ -532,23 +534,24 @@ def _seed_vectors(model: CostModel, extra: Sequence[Sequence[int]] | None) -> li
 
 
 def _neighbours(k: Knobs, caps: Sequence[int]) -> list[Knobs]:
-    """±1 moves in a fixed order: link slackness, single x_i, caps, policy bits."""
+    """±1 moves in a fixed order (``NEIGHBOUR_ORDER``): policy bits, caps, link slackness, x_i."""
     x, lim, pol = list(k.warmup), list(k.limit), list(k.policy)
     S = len(x)
-    out: list[Knobs] = []
+    groups: dict[str, list[Knobs]] = {"link": [], "x": [], "lim": [], "pol": []}
 
-    def add(nx: Sequence[int], nl: Sequence[int], np_: Sequence[int]) -> None:
+    def add(group: str, nx: Sequence[int], nl: Sequence[int], np_: Sequence[int]) -> None:
         nx_t = tuple(nx)
         if any(not 1 <= v <= c for v, c in zip(nx_t, caps)):
             return
         if any(nx_t[i] < nx_t[i + 1] for i in range(S - 1)):
             return
         nl_t = tuple(max(a, min(b, c)) for a, b, c in zip(nx_t, nl, caps))
-        out.append(Knobs(nx_t, nl_t, tuple(np_)))
+        groups[group].append(Knobs(nx_t, nl_t, tuple(np_)))
 
     for i in range(S - 1):  # slackness of link i: x_0..x_i move together
         for d in (1, -1):
             add(
+                "link",
                 [v + d if j <= i else v for j, v in enumerate(x)],
                 [v + d if j <= i else v for j, v in enumerate(lim)],
                 pol,
@@ -560,19 +563,19 @@ def _neighbours(k: Knobs, caps: Sequence[int]) -> list[Knobs]:
             nl = lim[:]
             if nl[i] == x[i]:
                 nl[i] += d
-            add(nx, nl, pol)
+            add("x", nx, nl, pol)
     for i in range(S):
         for d in (1, -1):
             nl = lim[:]
             nl[i] += d
             if x[i] <= nl[i] <= caps[i]:
-                out.append(Knobs(k.warmup, tuple(nl), k.policy))
+                groups["lim"].append(Knobs(k.warmup, tuple(nl), k.policy))
     for i in range(S):
         for bit in POLICY_BITS:
             np_ = pol[:]
             np_[i] ^= bit
-            out.append(Knobs(k.warmup, k.limit, tuple(np_)))
-    return out
+            groups["pol"].append(Knobs(k.warmup, k.limit, tuple(np_)))
+    return [nb for g in NEIGHBOUR_ORDER for nb in groups[g]]
 
 
 def _is_static(model: CostModel, links: LinkModel | None, depth: int | None) -> bool:
