@@ -9,6 +9,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
+
+REPO_ROOT = str(Path(__file__).resolve().parents[1])
+
+
+def _with_repo_root(pythonpath: str | None) -> str:
+    """Worker scripts import ``tests.*`` and ``titan_morph`` from this checkout."""
+    return REPO_ROOT if not pythonpath else f"{REPO_ROOT}{os.pathsep}{pythonpath}"
 
 
 def free_port() -> int:
@@ -33,7 +41,7 @@ def run_ranks(
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, "PYTHONPATH": _with_repo_root(os.environ.get("PYTHONPATH")), **(env or {})},
         )
         for argv in argv_per_rank
     ]

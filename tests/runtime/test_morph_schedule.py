@@ -154,5 +154,4 @@ def test_testbed_pads_each_op_to_its_configured_time(tmp_path: Path) -> None:
 
 
 if __name__ == "__main__" and len(sys.argv) == 7 and sys.argv[1] == "--worker":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     _worker(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6])
