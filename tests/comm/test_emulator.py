@@ -216,25 +216,30 @@ def test_blocking_depth_matches_link_queue():
 
 
 def _stream(rank: int, world: int, model, n: int, gap_ms: float, steps=None) -> list:
-    """Stage 0 sends ``n`` messages on link 0 every ``gap_ms`` (optionally one step each); stage 1 receives."""
+    """Stage 0 sends ``n`` messages on link 0 every ``gap_ms`` (optionally one step each); stage 1
+    pre-posts all receives (so bunched deliveries are observed without posting lag) and waits in order."""
     import torch
     import torch.distributed as dist
 
     emu = _emulator(rank, world, model)
     dist.barrier()
-    handles = []
-    for seq in range(n):
-        if steps is not None:
-            emu.set_step(steps[seq])
-        if rank == 0:
+    if rank == 0:
+        handles = []
+        for seq in range(n):
+            if steps is not None:
+                emu.set_step(steps[seq])
             handles += emu.batch_p2p([_p2p(True, _payload(0, "fwd", seq, 64), 1)])
             time.sleep(gap_ms / 1e3)
-        else:
-            buf = torch.empty(64)
-            emu.batch_p2p([_p2p(False, buf, 0)])[0].wait(10.0)
-            assert torch.equal(buf, _payload(0, "fwd", seq, 64))
-    for h in handles:
-        h.wait(10.0)
+        for h in handles:
+            h.wait(10.0)
+    else:
+        bufs = [torch.empty(64) for _ in range(n)]
+        handles = [emu.batch_p2p([_p2p(False, b, 0)])[0] for b in bufs]
+        for seq, (b, h) in enumerate(zip(bufs, handles)):
+            if steps is not None:
+                emu.set_step(steps[seq])
+            h.wait(10.0)
+            assert torch.equal(b, _payload(0, "fwd", seq, 64))
     emu.close()
     recs = emu.records()
     gathered = [None] * world
@@ -273,9 +278,9 @@ def test_step_keyed_trace_follows_set_step():
     from titan_morph.pipelining.links import TraceDelays, TraceEvent
 
     steps = [0] * 4 + [1] * 4 + [2] * 4
-    trace = TraceDelays(1, (TraceEvent(1, 0, 30.0), TraceEvent(2, 0, 5.0)), key="step")
-    seen = _check_model("trace step", run_ranks(_stream, 2, trace, 12, 5.0, steps, timeout=60)[0], trace)
-    assert seen == [0.0, 5.0, 30.0]
+    trace = TraceDelays(1, (TraceEvent(1, 0, 30.0), TraceEvent(2, 0, 10.0)), key="step")
+    seen = _check_model("trace step", run_ranks(_stream, 2, trace, 12, 15.0, steps, timeout=60)[0], trace)
+    assert seen == [0.0, 10.0, 30.0]
 
 
 def _link_down(rank: int, world: int) -> dict:
