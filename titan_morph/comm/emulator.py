@@ -22,8 +22,20 @@ to the peer, and a thread left blocked in a gloo wait aborts the process at exit
 wait is bounded and a send refused on a down link reaches the receiver as
 :class:`LinkDownError` at once, never as a hang.
 
+Link down. A send whose link is down is refused with :class:`LinkDownError` at issue time (nothing
+of its batch is issued); its payload still goes out undelayed behind earlier messages, marked
+``down``, so the receiver's posted receive is consumed (the wire stays in step for later traffic,
+e.g. when a trace brings the link back) and that receive raises :class:`LinkDownError`. A receive
+whose peer never issues the send gives up after ``down_grace_s`` if the model says the link is
+down (its gloo receive stays posted; the peer's later placeholder, if any, completes it).
+
 Time base: all ranks share ``epoch`` (a ``time.monotonic()`` value, see :func:`sync_epoch`); times
 handed to the link model are ms since the epoch, and step-keyed traces read :attr:`step`.
+
+Threading: ``batch_p2p`` is meant for one issuing thread (the training loop; it holds a lock while
+blocked, as NCCL would block it); handles may be waited from any thread. Every send handle must be
+waited (torch's schedules wait all sends at the end of a step): the transport keeps unwaited
+sends alive until then, since dropping a gloo Work early cancels the send.
 """
 
 from __future__ import annotations
@@ -308,7 +320,7 @@ class EmulatedTransport:
         record: keep a :class:`MessageRecord` per message (``records()``).
         timeout_s: default bound of every ``wait``; down_grace_s: how long a receive waits on a link
             the model says is down before raising; poll_s: how often such a wait re-checks the model.
-        store: c10d store for release notices (default: the default group's store);
+        store: c10d store for commit notices (default: the default group's store);
             namespace: key prefix, unique per transport instance (default: group name + a per-process
             instance counter, identical on all ranks if they construct transports in the same order).
     """
