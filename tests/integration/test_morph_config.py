@@ -87,7 +87,8 @@ BAD_SYNTHETIC = [
     ({"fwd_ms": "10,10"}, "morph.synthetic.fwd_ms", "4 values"),
     ({"bwd_ms": "-1"}, "morph.synthetic.bwd_ms", ">= 0"),
     ({"wgt_ms": "fast"}, "morph.synthetic.wgt_ms", "number of ms"),
-    ({"hidden": 0}, "morph.synthetic.hidden", ">= 1"),
+    ({"hidden": 0}, "morph.synthetic.hidden", "multiple of 16"),
+    ({"hidden": 40}, "morph.synthetic.hidden", "multiple of 16"),
 ]
 
 

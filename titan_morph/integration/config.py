@@ -102,8 +102,9 @@ class Synthetic:
     wgt_ms: str = "10"
     """Weight-gradient backward (W) time per microbatch in ms (same format)."""
 
-    hidden: int = 1024
-    """Width (float32 elements per token) of the activations/gradients sent between stages."""
+    hidden: int = 64
+    """Model width (float32 elements per token sent between stages) of the ``synthetic`` model
+    flavor (``[model] flavor = "synthetic"``): a multiple of 16 (one attention head per 16)."""
 
 
 @dataclass
@@ -374,7 +375,8 @@ def validate_morph(morph: Morph, pp_degree: int | None = None) -> None:
     syn = morph.synthetic
     for name in ("fwd_ms", "bwd_ms", "wgt_ms"):
         parse_per_stage(getattr(syn, name), pp_degree, f"morph.synthetic.{name}")
-    _at_least("morph.synthetic.hidden", syn.hidden, 1, " elements")
+    if not isinstance(syn.hidden, int) or syn.hidden < 16 or syn.hidden % 16:
+        raise _fail("morph.synthetic.hidden", syn.hidden, "must be a multiple of 16, >= 16")
 
 
 def validate_job_config(job_config: Any) -> Morph:

@@ -74,11 +74,35 @@ def build_schedule(request: ScheduleRequest) -> _PipelineSchedule:
 
 def _torch_single_stage(cls: type) -> ScheduleBuilder:
     def build(req: ScheduleRequest) -> _PipelineSchedule:
+        from titan_morph.integration.morph_schedules import make_transport, prepare_stage
+
+        prepare_stage(req)
         # scale_grads=False as TorchTitan does: the loss is token-summed and the trainer rescales.
-        return cls(req.stage, n_microbatches=req.n_microbatches, loss_fn=req.loss_fn, scale_grads=False)
+        schedule = cls(req.stage, n_microbatches=req.n_microbatches, loss_fn=req.loss_fn, scale_grads=False)
+        transport = make_transport(req)
+        if transport is not None:
+            route_through(schedule, transport)
+        return schedule
 
     build.__doc__ = f"torch's {cls.__name__} on this rank's single stage."
     return build
+
+
+def route_through(schedule: _PipelineSchedule, transport: Any) -> None:
+    """Run every step of a torch schedule with its p2p routed through ``transport`` (emulated links)."""
+    from titan_morph.comm.scope import use_transport
+
+    inner = schedule._step_microbatches
+    steps = 0
+
+    def step_microbatches(*args: Any, **kwargs: Any) -> Any:
+        nonlocal steps
+        steps += 1
+        transport.set_step(steps)
+        with use_transport(transport):
+            return inner(*args, **kwargs)
+
+    schedule._step_microbatches = step_microbatches  # type: ignore[method-assign]
 
 
 register_schedule("1F1B", _torch_single_stage(Schedule1F1B))
@@ -88,12 +112,11 @@ _plugins_imported = False
 
 
 def _import_plugins() -> None:
-    """Import ``titan_morph.pipelining.schedule`` if it exists: it registers titan_morph's schedules."""
+    """Register titan_morph's own schedules (PipeMorph, ZBH1, ZBH2, Morph1F1B) on first use."""
     global _plugins_imported
     if _plugins_imported:
         return
     _plugins_imported = True
-    import importlib.util
+    from titan_morph.integration.morph_schedules import register
 
-    if importlib.util.find_spec("titan_morph.pipelining.schedule") is not None:
-        importlib.import_module("titan_morph.pipelining.schedule")
+    register()

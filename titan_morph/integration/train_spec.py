@@ -108,8 +108,12 @@ def pipeline_one_stage_per_rank(
 
 def make_train_spec() -> TrainSpec:
     """TorchTitan's llama3 TrainSpec with titan_morph's pipelining and schedule metrics."""
+    from titan_morph.integration.synthetic import FLAVOR, synthetic_flavor
+
+    llama3 = get_train_spec("llama3")
     return dataclasses.replace(
-        get_train_spec("llama3"),
+        llama3,
+        model_args={**llama3.model_args, FLAVOR: synthetic_flavor()},
         pipelining_fn=pipeline_one_stage_per_rank,
         build_metrics_processor_fn=build_morph_metrics_processor,
     )

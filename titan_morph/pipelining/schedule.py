@@ -94,6 +94,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self.transport = transport
         self._check_group = check_group if check_group is not None else stages[0].group
         self.plan: Plan = plan
+        self.planned_makespan_ms: float | None = None
+        self.plan_changes = 0
         self.records: list[StepRecord] = []
         self._steps = 0
         self._current: StepRecord | None = None
@@ -121,8 +123,12 @@ class MorphSchedule(_PipelineScheduleRuntime):
         actions = to_actions(plan)
         self.pipeline_order = {rank: list(acts) for rank, acts in actions.items()}
         self._prepare_schedule_with_comms({rank: list(acts) for rank, acts in actions.items()})
+        from titan_morph.pipelining.simulate import makespan
+
+        self.planned_makespan_ms = makespan(model, plan.orders)
         previous, self.plan = self.plan, plan
         if previous is not plan and previous.plan_id != plan.plan_id:
+            self.plan_changes += 1
             logger.info("pipeline plan %s -> %s (x=%s)", previous.plan_id, plan.plan_id, list(plan.warmup))
 
     def _check_consistent(self, plan: Plan) -> None:
@@ -135,6 +141,27 @@ class MorphSchedule(_PipelineScheduleRuntime):
         ids = [f"{int(t.item()):012x}" for t in gathered]
         if len(set(ids)) != 1:
             raise PlanMismatchError(f"pipeline ranks installed different plans: {ids} (this rank: {plan.plan_id})")
+
+    def tensorboard_metrics(self, step: int) -> dict[str, float]:
+        """Scalars for TorchTitan's metrics processor (this rank's view of the last step)."""
+        if not self.records:
+            return {}
+        rec = self.records[-1]
+        out = {
+            "morph/iteration_ms": rec.iteration_ms,
+            "morph/compute_ms": rec.busy_ms,
+            "morph/idle_ms": rec.idle_ms,
+            "morph/plan_changes": float(self.plan_changes),
+        }
+        if rec.planned_makespan_ms is not None:
+            out["morph/planned_makespan_ms"] = rec.planned_makespan_ms
+        for link, delta in enumerate(self.plan.slackness):
+            out[f"morph/slackness/link{link}"] = float(delta)
+        blocked = getattr(self.transport, "blocked_ms", None)
+        if callable(blocked):
+            for link, ms in blocked().items():
+                out[f"morph/blocked_ms_total/link{link}"] = ms  # cumulative since start
+        return out
 
     # ------------------------------------------------------------ transport
     @contextlib.contextmanager
@@ -174,7 +201,9 @@ class MorphSchedule(_PipelineScheduleRuntime):
             wrap(name, kind)
 
     def _step_microbatches(self, *args: Any, **kwargs: Any) -> Any:
-        record = StepRecord(self._steps, self.plan.plan_id, 0.0, None)
+        record = StepRecord(self._steps, self.plan.plan_id, 0.0, self.planned_makespan_ms)
+        if self.transport is not None and hasattr(self.transport, "set_step"):
+            self.transport.set_step(self._steps + 1)  # TorchTitan counts steps from 1
         self._current = record
         start = time.monotonic()
         try:

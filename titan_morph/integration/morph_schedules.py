@@ -1,0 +1,125 @@
+"""TorchTitan builders for titan_morph's schedules, and the per-run link emulation and testbed.
+
+``[parallelism] pipeline_parallel_schedule`` selects:
+
+* ``PipeMorph``: Alg. 1 warm-up under ``[morph] memory_budget`` (Alg. 2 + search once delays are
+  known), orders from the generator (Alg. 3/4), run by :class:`MorphSchedule`;
+* ``ZBH1`` / ``ZBH2`` / ``Morph1F1B``: the same runtime with the ZB-H1, ZB-H2 and 1F1B (I+W) orders
+  of ``titan_morph.pipelining.builders`` — baselines that differ from PipeMorph only in the plan;
+* torch's ``1F1B`` / ``GPipe`` (wired in ``schedules``), which this module also routes through the
+  emulated links when ``[morph.inject]`` is on, so every variant sees the same injected delays.
+
+Cost model: ``[morph] stage_times_ms`` when given; else the ``[morph.synthetic]`` times when the
+testbed is on; else uniform unit times (the plan's *shape* — Alg. 1 — does not depend on times;
+measured times replace them when the monitor re-plans).
+"""
+
+from typing import Any
+
+from torch.distributed.pipelining.schedules import _PipelineSchedule
+
+from titan_morph.integration.config import link_model_from_config, parse_per_stage, parse_stage_times
+from titan_morph.integration.schedules import ScheduleRequest, register_schedule
+from titan_morph.pipelining.builders import build
+from titan_morph.pipelining.model import CostModel
+
+# TOML name -> builders.build name
+FAMILIES = {"PipeMorph": "pipemorph", "ZBH1": "zb-h1", "ZBH2": "zb-h2", "Morph1F1B": "1f1b-iw"}
+
+
+def stage_times(morph: Any, stages: int) -> tuple[tuple[float, float, float], ...] | None:
+    """Per-stage (F, B, W) ms from ``stage_times_ms`` or the synthetic testbed; None if unknown."""
+    configured = parse_stage_times(morph.stage_times_ms, stages)
+    if configured is not None:
+        return configured
+    syn = morph.synthetic
+    if syn.enabled:
+        f = parse_per_stage(syn.fwd_ms, stages, "morph.synthetic.fwd_ms")
+        b = parse_per_stage(syn.bwd_ms, stages, "morph.synthetic.bwd_ms")
+        w = parse_per_stage(syn.wgt_ms, stages, "morph.synthetic.wgt_ms")
+        return tuple(zip(f, b, w))
+    return None
+
+
+def cost_model(morph: Any, stages: int, n_microbatches: int, *, memory: bool) -> CostModel:
+    """The cost model plans are made from (``memory`` applies ``[morph] memory_budget``)."""
+    times = stage_times(morph, stages) or ((1.0, 1.0, 1.0),) * stages
+    budget = (morph.memory_budget or stages) if memory else None
+    return CostModel(
+        stages,
+        n_microbatches,
+        tuple(t[0] for t in times),
+        tuple(t[1] for t in times),
+        tuple(t[2] for t in times),
+        memory=budget,
+    )
+
+
+def make_transport(req: ScheduleRequest) -> Any | None:
+    """The emulated transport of ``[morph.inject]`` for this rank, or None (plain torch.distributed).
+
+    With ``[morph] transport = "default"`` the emulated link blocks the sender once
+    ``link_queue_depth`` messages are in flight (NCCL's head-of-line blocking, §3.2).
+    """
+    morph = req.job_config.morph
+    stage = req.stage
+    links = link_model_from_config(morph.inject, stage.num_stages - 1, steps=req.job_config.training.steps)
+    if morph.transport != "default":
+        raise ValueError(
+            f"[morph] transport = {morph.transport!r} needs the delegated data plane, which this version "
+            'of titan_morph does not ship yet; use transport = "default"'
+        )
+    if links is None:
+        return None
+    from titan_morph.comm.emulator import EmulatedTransport, sync_epoch
+    from titan_morph.comm.transport import TorchTransport
+
+    return EmulatedTransport(
+        TorchTransport(),
+        links,
+        stage=stage.stage_index,
+        num_stages=stage.num_stages,
+        group=stage.group,
+        depth=morph.link_queue_depth,
+        epoch=sync_epoch(stage.group),
+    )
+
+
+def prepare_stage(req: ScheduleRequest) -> None:
+    """Apply the synthetic-compute pad to this rank's stage when ``[morph.synthetic]`` is on."""
+    morph = req.job_config.morph
+    times = stage_times(morph, req.stage.num_stages) if morph.synthetic.enabled else None
+    if times is not None:
+        from titan_morph.testbed import StageTimes, pad_stage_compute
+
+        f, b, w = times[req.stage.stage_index]
+        pad_stage_compute(req.stage, StageTimes(f, b, w))
+
+
+def _morph_builder(family: str):
+    def build_schedule(req: ScheduleRequest) -> _PipelineSchedule:
+        from titan_morph.pipelining.schedule import MorphSchedule
+
+        morph = req.job_config.morph
+        stages = req.stage.num_stages
+        model = cost_model(morph, stages, req.n_microbatches, memory=family == "pipemorph")
+        kwargs = {"search": bool(morph.search)} if family == "pipemorph" else {}
+        plan = build(family, model, **kwargs)
+        prepare_stage(req)
+        return MorphSchedule(
+            [req.stage],
+            req.n_microbatches,
+            req.loss_fn,
+            plan=plan,
+            transport=make_transport(req),
+            scale_grads=False,
+        )
+
+    build_schedule.__doc__ = f"titan_morph's {family} plan in MorphSchedule (one stage per rank)."
+    return build_schedule
+
+
+def register() -> None:
+    """Register PipeMorph, ZBH1, ZBH2 and Morph1F1B (idempotent)."""
+    for name, family in FAMILIES.items():
+        register_schedule(name, _morph_builder(family), replace=True)
