@@ -208,8 +208,12 @@ class _Sender(threading.Thread):
 
 
 class _SendHandle:
+    """Completes when the message was released and the inner send finished; ``ops``/``record`` are
+    exposed so a failover path can re-issue the same ops elsewhere."""
+
     def __init__(self, owner: EmulatedTransport, item: _Outgoing) -> None:
         self.owner, self.item = owner, item
+        self.ops, self.record = item.ops, item.record
 
     def wait(self, timeout: float | None = None) -> bool:
         item, rec = self.item, self.item.record
@@ -235,8 +239,12 @@ class _SendHandle:
 
 
 class _RecvHandle:
-    def __init__(self, owner: EmulatedTransport, handles: list[Handle], key: str, record: MessageRecord) -> None:
-        self.owner, self.handles, self.key, self.record = owner, handles, key, record
+    """Completes when the data is in the buffer; raises LinkDownError/CommTimeoutError instead of hanging."""
+
+    def __init__(
+        self, owner: EmulatedTransport, ops: list[dist.P2POp], handles: list[Handle], key: str, record: MessageRecord
+    ) -> None:
+        self.owner, self.ops, self.handles, self.key, self.record = owner, ops, handles, key, record
         self._done = False
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -491,7 +499,7 @@ class EmulatedTransport:
                     continue
                 seq = self._next(self._recv_seq, link, d)
                 rec = self._new_record("recv", link, d, seq, mops)
-                handles.append(_RecvHandle(self, self.inner.batch_p2p(mops, desc), self._key(link, d, seq), rec))
+                handles.append(_RecvHandle(self, mops, self.inner.batch_p2p(mops, desc), self._key(link, d, seq), rec))
             for (link, d, send), mops in messages.items():
                 if send:
                     handles.append(self._issue_send(link, d, mops))
