@@ -90,7 +90,7 @@ def _exchange(rank: int, world: int, model, n: int, gap_ms: float, depth=None, n
     all_recs = [None] * world
     dist.all_gather_object(all_recs, recs)
     leftover = [t.name for t in threading.enumerate() if t.name.startswith("titan_morph")]
-    return {"records": all_recs, "bad": bad, "issue_ms": issue_ms, "blocked": emu.blocked_ms, "threads": leftover}
+    return {"records": all_recs, "bad": bad, "issue_ms": issue_ms, "blocked": emu.blocked_ms(), "threads": leftover}
 
 
 def _delays(result: dict) -> list[tuple[object, float, float]]:
@@ -179,7 +179,7 @@ def _blocking(rank: int, world: int, delay: float, depths: list) -> dict:
                 calls.append((time.monotonic() - t0) * 1e3)
             for h in handles:
                 h.wait(10.0)
-            out[depth] = {"calls": calls, "blocked": emu.blocked_ms.get(0, 0.0)}
+            out[depth] = {"calls": calls, "blocked": emu.blocked_ms().get(0, 0.0)}
         else:
             bufs = [torch.empty(8) for _ in range(4)]
             handles = [emu.batch_p2p([_p2p(False, b, 0)])[0] for b in bufs]

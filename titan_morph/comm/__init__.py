@@ -13,7 +13,7 @@ Use from a pipeline schedule (one stage per pp rank)::
         transport.set_step(step)                      # before the step: step-keyed traces
         with use_transport(transport):                # swap torch's _batch_p2p for this step only
             schedule.step(...)
-        records = transport.take_records()            # per-message timings; transport.blocked_ms
+        records = transport.take_records()            # per-message timings; transport.blocked_ms()
     transport.close()                                 # at exit (also closes the inner transport)
 
 All pp ranks must construct their transports in the same order (store key namespace).

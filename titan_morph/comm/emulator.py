@@ -325,7 +325,8 @@ class EmulatedTransport:
         depth: in-flight bound per (link, direction): an int models the blocking default
             transport, None a decoupled one (see ``LinkQueue``).
         epoch: shared t=0 as a ``time.monotonic()`` value (:func:`sync_epoch`).
-        record: keep a :class:`MessageRecord` per message (``records()``).
+        record: keep a :class:`MessageRecord` per message (``records()``), the newest
+            ``max_records`` of them (call ``take_records()`` per step to keep them all).
         timeout_s: default bound of every ``wait``; down_grace_s: how long a receive waits on a link
             the model says is down before raising; poll_s: how often such a wait re-checks the model.
         store: c10d store for commit notices (default: the default group's store);
@@ -346,6 +347,7 @@ class EmulatedTransport:
         depth: int | None,
         epoch: float,
         record: bool = True,
+        max_records: int = 200_000,
         timeout_s: float = 300.0,
         down_grace_s: float = 1.0,
         poll_s: float = 1.0,
@@ -389,7 +391,9 @@ class EmulatedTransport:
         self._senders: dict[tuple[int, str], _Sender] = {}
         self._send_seq: dict[tuple[int, str], int] = {}
         self._recv_seq: dict[tuple[int, str], int] = {}
-        self._records: list[MessageRecord] = []
+        if max_records < 1:
+            raise ValueError(f"max_records must be >= 1, got {max_records}")
+        self._records: deque[MessageRecord] = deque(maxlen=max_records)
         self._blocked: dict[int, float] = {}
         # Sends not yet waited, kept alive: dropping a gloo Work before it completes cancels the send.
         self._unwaited: dict[int, _Outgoing] = {}
@@ -538,16 +542,16 @@ class EmulatedTransport:
 
         A message still in flight is returned now and updated no further in this list."""
         with self._lock:
-            out, self._records = self._records, []
+            out = list(self._records)
+            self._records.clear()
         return out
 
     def clear_records(self) -> None:
         with self._lock:
             self._records.clear()
 
-    @property
     def blocked_ms(self) -> dict[int, float]:
-        """Total time the caller was blocked by full links (head-of-line), per link, in ms."""
+        """Total time the caller was blocked by full links (head-of-line), per link, in ms, since start."""
         return dict(self._blocked)
 
     # -- lifecycle -------------------------------------------------------------------------
