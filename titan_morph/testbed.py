@@ -8,17 +8,39 @@ simulator's cost model (t^F, t^B, t^W per stage, paper Table 1) and can be compa
 predictions.
 
 The pad wraps the stage's ``forward_one_chunk`` (F), ``backward_one_chunk`` (I when
-``full_backward=False``, else B = I + W) and ``backward_weight_one_chunk`` (W): each call sleeps
-until ``start + target`` after the real work, so the op takes ``max(real, target)``. It works with
-any torch schedule driving a ``PipelineStage`` (torch's ``Schedule1F1B`` as well as
-``MorphSchedule``).
+``full_backward=False``, else B = I + W) and ``backward_weight_one_chunk`` (W). It works with any
+torch schedule driving a ``PipelineStage`` (torch's ``Schedule1F1B`` as well as ``MorphSchedule``).
+
+Device clock. The simulator, like a GPU, runs a stage's ops back to back: an op starts when the
+previous one has ended *and* its input has arrived, and takes exactly its time. A CPU host adds
+its own work between ops (issuing sends/receives, the schedule loop, the last stage's loss) and
+wakes up late from sleeps (~0.2 ms, more under load); over 72 ops per step that alone made
+iterations ~5-10 % longer than predicted. On a GPU that host work overlaps the previous kernel
+(launches are asynchronous), so the pad keeps a per-stage *device clock* and pads each op to
+``device start + target``, where the device start is
+
+* the previous op's device end, if the host came back within ``hide_host_gap_ms`` (host overhead
+  and sleep overshoot are absorbed, as asynchronous launches would absorb them);
+* the moment the op's input wait returned, if that wait actually blocked (the input arrived
+  later than the previous op's end: the device idled until then);
+* otherwise (a longer host gap, e.g. between training steps) the moment the op is called.
+
+The input wait is observed by timing torch's ``schedules._wait_batch_p2p`` (one process-wide
+probe, installed once). The device clock never starts an op before the previous one's device end
+or shortens an op below its real compute time; a host slower than the device still shows up.
+One stage per process (as titan_morph runs pipelines).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
+
+# A wait counts as "blocked" (the input was not there yet) if it took longer than this.
+WAIT_BLOCKED_S = 2e-4
+DEFAULT_HIDE_HOST_GAP_MS = 2.0
 
 
 @dataclass(frozen=True)
@@ -36,18 +58,87 @@ class StageTimes:
                 raise ValueError(f"synthetic {name} must be in [0, 60000) ms, got {value}")
 
 
+# (start, end) monotonic seconds of the latest pipeline input wait in this process.
+_last_wait: list[float] = [-math.inf, -math.inf]
+
+
+def _install_wait_probe() -> None:
+    """Time every ``_wait_batch_p2p`` of torch's schedules (looked up at call time). Idempotent."""
+    from torch.distributed.pipelining import schedules
+
+    if getattr(schedules._wait_batch_p2p, "__titan_morph_probe__", False):
+        return
+    inner = schedules._wait_batch_p2p
+
+    def _wait_batch_p2p(work: Any) -> Any:
+        start = time.monotonic()
+        try:
+            return inner(work)
+        finally:
+            _last_wait[0], _last_wait[1] = start, time.monotonic()
+
+    _wait_batch_p2p.__titan_morph_probe__ = True  # type: ignore[attr-defined]
+    schedules._wait_batch_p2p = _wait_batch_p2p
+
+
 def _sleep_until(deadline: float) -> None:
-    # time.sleep overshoots by ~0.1 ms on Linux; good enough for 10 ms ops, and no busy loop
-    # (a spinning rank would steal a core from its neighbours, which is what we avoid).
+    # No busy loop: a spinning rank would steal a core from its neighbours, which is what we avoid.
     remaining = deadline - time.monotonic()
     if remaining > 0:
         time.sleep(remaining)
 
 
-def pad_stage_compute(stage: Any, times: StageTimes) -> None:
-    """Pad ``stage``'s F/I/W (and fused B) calls to ``times``. Idempotent per stage."""
+class DeviceClock:
+    """One stage's device timeline (see the module docstring); times are ``time.monotonic()`` s."""
+
+    def __init__(self, hide_host_gap_ms: float = DEFAULT_HIDE_HOST_GAP_MS) -> None:
+        if not (hide_host_gap_ms >= 0 and math.isfinite(hide_host_gap_ms)):
+            raise ValueError(f"hide_host_gap_ms must be a finite number of ms >= 0, got {hide_host_gap_ms}")
+        self.hide_s = hide_host_gap_ms / 1e3
+        self.device_end = -math.inf  # device end of the previous op
+        self.host_end = -math.inf  # when the previous op returned to the host
+        self.hidden_s = 0.0  # host time absorbed so far (diagnostics)
+
+    def start(self, now: float) -> float:
+        """Device start of an op called at ``now``."""
+        wait_start, wait_end = _last_wait
+        blocked = wait_end - wait_start > WAIT_BLOCKED_S and wait_end >= self.host_end
+        if blocked and now - wait_end <= self.hide_s:
+            begin = max(self.device_end, wait_end)  # the input arrived late: the device idled until then
+        elif now - self.host_end <= self.hide_s:
+            begin = self.device_end  # host overhead only: hidden under the previous op
+        else:
+            begin = now
+        begin = min(begin, now)
+        self.hidden_s += now - begin
+        return begin
+
+    def run(self, target_s: float, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn`` as one op of ``target_s`` device seconds."""
+        begin = self.start(time.monotonic())
+        out = fn(*args, **kwargs)
+        computed = time.monotonic()
+        deadline = begin + target_s
+        if computed >= deadline:  # real compute took longer than the target: the device was busy
+            self.device_end = computed
+        else:
+            _sleep_until(deadline)
+            self.device_end = deadline  # a late wake-up is host latency, not device time
+        self.host_end = time.monotonic()
+        return out
+
+
+def pad_stage_compute(
+    stage: Any, times: StageTimes, *, hide_host_gap_ms: float = DEFAULT_HIDE_HOST_GAP_MS
+) -> DeviceClock:
+    """Pad ``stage``'s F/I/W (and fused B) calls to ``times`` on a device clock; returns the clock.
+
+    ``hide_host_gap_ms = 0`` disables hiding (every op is padded from the moment it is called).
+    """
     if getattr(stage, "_titan_morph_padded", None) is not None:
         raise RuntimeError(f"stage {stage.stage_index} is already padded to {stage._titan_morph_padded}")
+    _install_wait_probe()
+    clock = DeviceClock(hide_host_gap_ms)
     fwd, bwd, wgt = times.fwd_ms / 1e3, times.bwd_ms / 1e3, times.wgt_ms / 1e3
 
     forward = stage.forward_one_chunk
@@ -55,24 +146,17 @@ def pad_stage_compute(stage: Any, times: StageTimes) -> None:
     backward_weight = stage.backward_weight_one_chunk
 
     def forward_one_chunk(*args: Any, **kwargs: Any) -> Any:
-        start = time.monotonic()
-        out = forward(*args, **kwargs)
-        _sleep_until(start + fwd)
-        return out
+        return clock.run(fwd, forward, *args, **kwargs)
 
     def backward_one_chunk(*args: Any, **kwargs: Any) -> Any:
-        start = time.monotonic()
-        out = backward(*args, **kwargs)
-        _sleep_until(start + (bwd + wgt if kwargs.get("full_backward", True) else bwd))
-        return out
+        return clock.run(bwd + wgt if kwargs.get("full_backward", True) else bwd, backward, *args, **kwargs)
 
     def backward_weight_one_chunk(*args: Any, **kwargs: Any) -> Any:
-        start = time.monotonic()
-        out = backward_weight(*args, **kwargs)
-        _sleep_until(start + wgt)
-        return out
+        return clock.run(wgt, backward_weight, *args, **kwargs)
 
     stage.forward_one_chunk = forward_one_chunk
     stage.backward_one_chunk = backward_one_chunk
     stage.backward_weight_one_chunk = backward_weight_one_chunk
     stage._titan_morph_padded = times
+    stage._titan_morph_clock = clock
+    return clock

@@ -125,6 +125,11 @@ class Morph:
     stage, or "F,B,W;F,B,W;..." one triple per stage. "" = profile them during the first
     ``profile_steps`` steps."""
 
+    plan_delays_ms: str = ""
+    """Per-link delays in ms that PipeMorph plans for from the start, e.g. "0,0,60" (one value per
+    link, or one for all); "" = none: the initial plan is Alg. 1 and adaptation measures the delays
+    later. When set, the initial plan is Alg. 2 for these delays (+ the search when ``search``)."""
+
     profile_steps: int = 2
     """Training steps to profile per-op compute times and link delays before planning (>= 1)."""
 
@@ -275,6 +280,21 @@ def parse_stage_times(spec: str, stages: int | None) -> tuple[tuple[float, float
     return tuple(triples)  # type: ignore[return-value]
 
 
+def parse_plan_delays(spec: str, num_links: int | None) -> tuple[float, ...] | None:
+    """``plan_delays_ms`` → one finite delay per link, or None when empty (plan without delays)."""
+    key = "morph.plan_delays_ms"
+    if str(spec).strip() == "":
+        return None
+    n = num_links if num_links is not None else len(str(spec).split(","))
+    try:
+        delays = parse_delays(spec, n, key)
+    except ValueError as err:
+        raise _fail(key, spec, f'{err} (e.g. "0,0,60": one value per link, or one for every link)') from None
+    if not all(math.isfinite(d) for d in delays):
+        raise _fail(key, spec, "planned delays must be finite ms (a link that is down cannot be planned around)")
+    return delays
+
+
 def parse_interval(spec: str) -> tuple[float, float]:
     """``random_interval_ms`` "low,high" → (low, high) with 0 < low <= high."""
     key = "morph.inject.random_interval_ms"
@@ -326,6 +346,7 @@ def validate_morph(morph: Morph, pp_degree: int | None = None) -> None:
                 "microbatch more than the next (Alg. 1)",
             )
     parse_stage_times(morph.stage_times_ms, pp_degree)
+    parse_plan_delays(morph.plan_delays_ms, links)
     _at_least("morph.profile_steps", morph.profile_steps, 1)
     if not (morph.search_budget_ms > 0 and math.isfinite(morph.search_budget_ms)):
         raise _fail("morph.search_budget_ms", morph.search_budget_ms, "must be a finite number of ms > 0")

@@ -2,8 +2,9 @@
 
 ``[parallelism] pipeline_parallel_schedule`` selects:
 
-* ``PipeMorph``: Alg. 1 warm-up under ``[morph] memory_budget`` (Alg. 2 + search once delays are
-  known), orders from the generator (Alg. 3/4), run by :class:`MorphSchedule`;
+* ``PipeMorph``: Alg. 1 warm-up under ``[morph] memory_budget`` — Alg. 2 for ``[morph]
+  plan_delays_ms`` when given, + the search when ``[morph] search`` — orders from the generator
+  (Alg. 3/4), run by :class:`MorphSchedule`;
 * ``ZBH1`` / ``ZBH2`` / ``Morph1F1B``: the same runtime with the ZB-H1, ZB-H2 and 1F1B (I+W) orders
   of ``titan_morph.pipelining.builders`` — baselines that differ from PipeMorph only in the plan;
 * torch's ``1F1B`` / ``GPipe`` (wired in ``schedules``), which this module also routes through the
@@ -18,10 +19,15 @@ from typing import Any
 
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
-from titan_morph.integration.config import link_model_from_config, parse_per_stage, parse_stage_times
+from titan_morph.integration.config import (
+    link_model_from_config,
+    parse_per_stage,
+    parse_plan_delays,
+    parse_stage_times,
+)
 from titan_morph.integration.schedules import ScheduleRequest, register_schedule
 from titan_morph.pipelining.builders import build
-from titan_morph.pipelining.model import CostModel
+from titan_morph.pipelining.model import CostModel, Plan
 
 # TOML name -> builders.build name
 FAMILIES = {"PipeMorph": "pipemorph", "ZBH1": "zb-h1", "ZBH2": "zb-h2", "Morph1F1B": "1f1b-iw"}
@@ -96,15 +102,41 @@ def prepare_stage(req: ScheduleRequest) -> None:
         pad_stage_compute(req.stage, StageTimes(f, b, w))
 
 
+def transport_depth(morph: Any) -> int | None:
+    """Link-queue depth of the configured transport: ``link_queue_depth`` for the blocking default
+    transport (NCCL model), None (never blocks) for the delegated one."""
+    return morph.link_queue_depth if morph.transport == "default" else None
+
+
+def initial_plan(family: str, morph: Any, stages: int, n_microbatches: int) -> Plan:
+    """The plan a schedule starts with (same on every rank: a pure function of the config).
+
+    PipeMorph: Alg. 1 under ``memory_budget``; with ``plan_delays_ms``, Alg. 2 for those delays;
+    with ``search``, the simulator-guided search (for the configured transport's link queue) on top.
+    """
+    model = cost_model(morph, stages, n_microbatches, memory=family == "pipemorph")
+    if family != "pipemorph":
+        return build(family, model)
+    delays = parse_plan_delays(morph.plan_delays_ms, stages - 1)
+    if delays is not None:
+        model = model.with_delays(delays)
+    if morph.search:
+        return build(
+            family,
+            model,
+            search=True,
+            depth=transport_depth(morph),
+            time_budget_ms=morph.search_budget_ms,
+        )
+    return build(family, model)
+
+
 def _morph_builder(family: str):
     def build_schedule(req: ScheduleRequest) -> _PipelineSchedule:
         from titan_morph.pipelining.schedule import MorphSchedule
 
         morph = req.job_config.morph
-        stages = req.stage.num_stages
-        model = cost_model(morph, stages, req.n_microbatches, memory=family == "pipemorph")
-        kwargs = {"search": bool(morph.search)} if family == "pipemorph" else {}
-        plan = build(family, model, **kwargs)
+        plan = initial_plan(family, morph, req.stage.num_stages, req.n_microbatches)
         prepare_stage(req)
         return MorphSchedule(
             [req.stage],
@@ -113,6 +145,8 @@ def _morph_builder(family: str):
             plan=plan,
             transport=make_transport(req),
             scale_grads=False,
+            planned_depth=transport_depth(morph),
+            predict=stage_times(morph, req.stage.num_stages) is not None,
         )
 
     build_schedule.__doc__ = f"titan_morph's {family} plan in MorphSchedule (one stage per rank)."

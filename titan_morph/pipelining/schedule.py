@@ -41,6 +41,8 @@ class StepRecord:
     planned_makespan_ms: float | None
     compute_ms: dict[str, float] = field(default_factory=dict)  # per op kind (F, I, W, B)
     op_ms: list[tuple[str, int, float, float]] = field(default_factory=list)  # (kind, mb, start, end) ms
+    start_s: float = 0.0  # time.monotonic() when the step began on this rank
+    blocked_ms: dict[int, float] = field(default_factory=dict)  # per link: this rank blocked in sends (step)
 
     @property
     def busy_ms(self) -> float:
@@ -50,6 +52,112 @@ class StepRecord:
     def idle_ms(self) -> float:
         """Time this stage was not computing during the step (bubbles + blocking + comm waits)."""
         return max(0.0, self.iteration_ms - self.busy_ms)
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.iteration_ms / 1e3
+
+    def summary(self) -> dict[str, float]:
+        """What this stage publishes to the logging (last) stage each step."""
+        return {
+            "step": float(self.step),
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+            "iteration_ms": self.iteration_ms,
+            "idle_ms": self.idle_ms,
+            "blocked_ms": sum(self.blocked_ms.values()),
+        }
+
+
+def plan_number(plan_id: str) -> float:
+    """A plan id as a TensorBoard scalar: its first 6 hex digits as an integer (exact in float32)."""
+    return float(int(plan_id[:6], 16))
+
+
+class StageExchange:
+    """Per-step stage summaries, gathered on the last stage without a collective.
+
+    TorchTitan writes TensorBoard on the last stage only. Every other stage hands its summary of a
+    step to a background thread that writes it to the c10d store (``titan_morph/steps/...``, a ring
+    of ``slots`` keys per stage), so the training thread never waits for it. The last stage reads
+    the summaries when it logs; TorchTitan's grad-norm all-reduce over the pipeline group has by
+    then made every stage finish the step, so they are normally there already (``collect`` waits
+    at most ``timeout_s`` for a late one, and leaves out what is still missing).
+    """
+
+    _instances: dict[str, int] = {}
+
+    def __init__(self, group: dist.ProcessGroup, stage: int, num_stages: int, slots: int = 8) -> None:
+        import queue
+        import threading
+
+        self.stage, self.num_stages, self.slots = stage, num_stages, slots
+        base = dist.distributed_c10d._get_default_store()
+        name = group.group_name
+        n = StageExchange._instances[name] = StageExchange._instances.get(name, -1) + 1
+        self._ns = f"titan_morph/steps/{name}/{n}"
+        self._base = base
+        self._reader: Any = None
+        self._queue: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        if stage != num_stages - 1:
+            self._thread = threading.Thread(target=self._run, name="titan_morph-stage-stats", daemon=True)
+            self._thread.start()
+            import atexit
+
+            atexit.register(self.close)
+
+    def _key(self, stage: int, step: int) -> str:
+        return f"{stage}/{step % self.slots}"
+
+    def _run(self) -> None:
+        import json
+
+        store = dist.PrefixStore(self._ns, self._base.clone())
+        while (item := self._queue.get()) is not None:
+            step, payload = item
+            try:
+                store.set(self._key(self.stage, step), json.dumps(payload))
+            except Exception as err:  # statistics only: never break training
+                logger.warning("titan_morph: could not publish step %d stage stats: %s", step, err)
+
+    def publish(self, step: int, payload: dict[str, float]) -> None:
+        """Hand this stage's summary of ``step`` to the background writer (returns at once)."""
+        if self._thread is not None:
+            self._queue.put((step, payload))
+
+    def collect(self, step: int, timeout_s: float = 0.2) -> dict[int, dict[str, float]]:
+        """Summaries of ``step`` from the other stages (last stage only); missing ones are left out."""
+        import datetime
+        import json
+
+        if self._reader is None:
+            self._reader = dist.PrefixStore(self._ns, self._base.clone())
+            self._reader.set_timeout(datetime.timedelta(seconds=timeout_s))
+        out: dict[int, dict[str, float]] = {}
+        deadline = time.monotonic() + timeout_s
+        pending = set(range(self.num_stages - 1))
+        while pending:
+            for stage in sorted(pending):
+                key = self._key(stage, step)
+                try:
+                    if not self._reader.check([key]):
+                        continue
+                    value = json.loads(self._reader.get(key))
+                except Exception:
+                    continue
+                if int(value.get("step", -1)) == step:
+                    out[stage] = value
+                    pending.discard(stage)
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(0.001)
+        return out
+
+    def close(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(1.0)
 
 
 class PlanMismatchError(RuntimeError):
@@ -69,6 +177,10 @@ class MorphSchedule(_PipelineScheduleRuntime):
         check_group: process group used to check plan consistency in ``set_plan``
             (default: the stage's pipeline group).
         scale_grads: as for torch schedules (TorchTitan passes ``False``).
+        planned_depth: link-queue depth the plan's makespan is predicted with (the transport's
+            model: ``link_queue_depth`` for the blocking default transport, None = non-blocking).
+        predict: also report the simulator's prediction of each step under the transport's
+            actual link model (meaningful when the plan's stage times are the real ones).
     """
 
     def __init__(
@@ -81,6 +193,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
         transport: Any | None = None,
         check_group: dist.ProcessGroup | None = None,
         scale_grads: bool = True,
+        planned_depth: int | None = None,
+        predict: bool = False,
         **kwargs: Any,
     ) -> None:
         if len(stages) != 1:
@@ -94,11 +208,20 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self.transport = transport
         self._check_group = check_group if check_group is not None else stages[0].group
         self.plan: Plan = plan
+        self.planned_depth = planned_depth
+        self.predict = predict
         self.planned_makespan_ms: float | None = None
         self.plan_changes = 0
         self.records: list[StepRecord] = []
+        self.max_records = 1000
         self._steps = 0
         self._current: StepRecord | None = None
+        self._blocked_seen: dict[int, float] = {}
+        stage = stages[0]
+        self._is_last = stage.stage_index == stage.num_stages - 1
+        self._exchange: StageExchange | None = None
+        if dist.is_initialized() and self.pp_group_size > 1:
+            self._exchange = StageExchange(stage.group, stage.stage_index, stage.num_stages)
         self._instrument(stages[0])
         self.set_plan(plan)
 
@@ -125,7 +248,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self._prepare_schedule_with_comms({rank: list(acts) for rank, acts in actions.items()})
         from titan_morph.pipelining.simulate import makespan
 
-        self.planned_makespan_ms = makespan(model, plan.orders)
+        self.planned_makespan_ms = makespan(model, plan.orders, depth=self.planned_depth)
         previous, self.plan = self.plan, plan
         if previous is not plan and previous.plan_id != plan.plan_id:
             self.plan_changes += 1
@@ -143,7 +266,16 @@ class MorphSchedule(_PipelineScheduleRuntime):
             raise PlanMismatchError(f"pipeline ranks installed different plans: {ids} (this rank: {plan.plan_id})")
 
     def tensorboard_metrics(self, step: int) -> dict[str, float]:
-        """Scalars for TorchTitan's metrics processor (this rank's view of the last step)."""
+        """Scalars for TorchTitan's metrics processor about the last step (written by the last stage).
+
+        ``morph/iteration_ms``: this stage's step (schedule start to end); ``morph/pipeline_ms``:
+        first stage's start to the last stage's end across all stages (one host: a shared clock);
+        ``morph/planned_makespan_ms``: the plan's own prediction; ``morph/predicted_ms``: the
+        simulator under the transport's actual links (``predict``); ``morph/plan_id``: see
+        :func:`plan_number`; ``morph/idle_ms``, ``morph/compute_ms``, ``morph/blocked_ms``: this
+        stage; ``morph/stage{i}/idle_ms`` and ``morph/stage{i}/blocked_ms``: every stage, gathered by
+        :class:`StageExchange` (absent for a stage whose summary did not arrive in time).
+        """
         if not self.records:
             return {}
         rec = self.records[-1]
@@ -151,17 +283,51 @@ class MorphSchedule(_PipelineScheduleRuntime):
             "morph/iteration_ms": rec.iteration_ms,
             "morph/compute_ms": rec.busy_ms,
             "morph/idle_ms": rec.idle_ms,
+            "morph/blocked_ms": sum(rec.blocked_ms.values()),
+            "morph/plan_id": plan_number(rec.plan_id),
             "morph/plan_changes": float(self.plan_changes),
         }
         if rec.planned_makespan_ms is not None:
             out["morph/planned_makespan_ms"] = rec.planned_makespan_ms
         for link, delta in enumerate(self.plan.slackness):
             out[f"morph/slackness/link{link}"] = float(delta)
-        blocked = getattr(self.transport, "blocked_ms", None)
-        if callable(blocked):
-            for link, ms in blocked().items():
-                out[f"morph/blocked_ms_total/link{link}"] = ms  # cumulative since start
+        for link, ms in sorted(rec.blocked_ms.items()):
+            out[f"morph/blocked_ms/link{link}"] = ms
+        if not self._is_last:
+            return out
+        summaries = {self._stages[0].stage_index: rec.summary()}
+        if self._exchange is not None:
+            summaries.update(self._exchange.collect(rec.step))
+        for stage, summ in sorted(summaries.items()):
+            out[f"morph/stage{stage}/idle_ms"] = summ["idle_ms"]
+            out[f"morph/stage{stage}/blocked_ms"] = summ["blocked_ms"]
+        if len(summaries) == self._num_stages:
+            first = min(summ["start_s"] for summ in summaries.values())
+            out["morph/pipeline_ms"] = (max(summ["end_s"] for summ in summaries.values()) - first) * 1e3
+        else:
+            first = None
+        if self.predict:
+            predicted = self._predict(rec, first)
+            if predicted is not None:
+                out["morph/predicted_ms"] = predicted
         return out
+
+    def _predict(self, rec: StepRecord, first_start_s: float | None) -> float | None:
+        """Simulated makespan of this step's plan under the transport's link model and depth."""
+        from titan_morph.pipelining.links import LinkDownError
+        from titan_morph.pipelining.simulate import simulate
+
+        model = self.plan.model.with_delays((0.0,) * (self._num_stages - 1))
+        links = getattr(self.transport, "links", None)
+        depth = getattr(self.transport, "depth", self.planned_depth) if links is not None else self.planned_depth
+        epoch = getattr(self.transport, "epoch", None)
+        t0 = 0.0
+        if epoch is not None:
+            t0 = ((first_start_s if first_start_s is not None else rec.start_s) - epoch) * 1e3
+        try:
+            return simulate(model, self.plan.orders, links=links, depth=depth, step=rec.step + 1, t0=t0).makespan
+        except (LinkDownError, RuntimeError, ValueError):
+            return None
 
     # ------------------------------------------------------------ transport
     @contextlib.contextmanager
@@ -212,8 +378,25 @@ class MorphSchedule(_PipelineScheduleRuntime):
         finally:
             self._current = None
         end = time.monotonic()
+        record.start_s = start
         record.iteration_ms = (end - start) * 1e3
         record.op_ms = [(k, mb, (s - start) * 1e3, (e - start) * 1e3) for k, mb, s, e in record.op_ms]
+        record.blocked_ms = self._blocked_delta()
         self.records.append(record)
+        if len(self.records) > self.max_records:
+            del self.records[: len(self.records) - self.max_records]
         self._steps += 1
+        if self._exchange is not None:
+            self._exchange.publish(record.step, record.summary())
         return out
+
+    def _blocked_delta(self) -> dict[int, float]:
+        """Per-link ms this rank was blocked in sends during the step (the transport's totals, differenced)."""
+        blocked = getattr(self.transport, "blocked_ms", None)
+        if callable(blocked):
+            blocked = blocked()
+        if not isinstance(blocked, dict):
+            return {}
+        delta = {link: ms - self._blocked_seen.get(link, 0.0) for link, ms in blocked.items()}
+        self._blocked_seen = dict(blocked)
+        return delta
