@@ -221,7 +221,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self._is_last = stage.stage_index == stage.num_stages - 1
         self._exchange: StageExchange | None = None
         if dist.is_initialized() and self.pp_group_size > 1:
-            self._exchange = StageExchange(stage.group, stage.stage_index, stage.num_stages)
+            group = stage.group if stage.group is not None else dist.group.WORLD
+            self._exchange = StageExchange(group, stage.stage_index, stage.num_stages)
         self._instrument(stages[0])
         self.set_plan(plan)
 

@@ -1,0 +1,216 @@
+"""Synthetic testbed: measured iteration times of real torchrun jobs vs the simulator (issue 4).
+
+Runs ``train_configs/synthetic_cpu.toml`` (PP=4, N=24, F=B=W=10 ms, padded on a device clock, see
+``titan_morph.testbed``) as real 4-rank ``torchrun`` jobs for ZBH2 and PipeMorph with no delay,
+30 ms on link 0-1 and 60 ms on link 2-3 (``[morph.inject]`` static delays on the default,
+blocking transport: ``link_queue_depth`` messages in flight per link and direction). PipeMorph is
+planned for the delay (``[morph] plan_delays_ms``). Each job runs ``--steps`` steps; the first
+``--skip`` are dropped and the median of the rest is reported, read back from TensorBoard:
+
+* ``iteration_ms``: the last stage's step (``morph/iteration_ms``);
+* ``pipeline_ms``: first stage's start to the last stage's end (``morph/pipeline_ms``), which is
+  what the simulator's makespan measures.
+
+Predictions use the very plan the job ran (built from the same config) and the same link model:
+``simulate(..., links=StaticDelays(delays), depth=link_queue_depth)`` (blocking, as run) and, for
+the explanation only, ``depth=None`` (a non-blocking transport: pure dependency bubbles).
+
+    .venv/bin/python benchmarks/bench_testbed.py [--steps 12] [--skip 2] [--out table.md]
+
+Prints markdown tables; not a test (timings depend on the host's load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / "train_configs" / "synthetic_cpu.toml"
+CASES = (("no delay", "0,0,0"), ("30 ms on link 0-1", "30,0,0"), ("60 ms on link 2-3", "0,0,60"))
+SCHEDULES = ("ZBH2", "PipeMorph")
+FAMILY = {"ZBH2": "zb-h2", "PipeMorph": "pipemorph"}
+
+
+@dataclass
+class Row:
+    case: str
+    delays: tuple[float, ...]
+    schedule: str
+    warmup: tuple[int, ...]
+    iteration_ms: float
+    pipeline_ms: float
+    predicted_blocking: float
+    predicted_nonblocking: float
+    steps: int
+
+    def error(self, measured: float) -> float:
+        return (measured - self.predicted_blocking) / self.predicted_blocking * 100
+
+
+def overrides(schedule: str, delays: str, steps: int) -> list[str]:
+    args = ["--training.steps", str(steps), "--parallelism.pipeline_parallel_schedule", schedule]
+    if any(float(d) for d in delays.split(",")):
+        args += ["--morph.inject.mode", "static", "--morph.inject.delays_ms", delays]
+        if schedule == "PipeMorph":
+            args += ["--morph.plan_delays_ms", delays]
+    return args
+
+
+def run_job(args: list[str], dump: Path, timeout_s: float) -> str:
+    """One 4-rank torchrun of the testbed in its own process group (killed on timeout or Ctrl-C)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=4",
+        "-m",
+        "titan_morph.train",
+        "--job.config_file",
+        str(CONFIG),
+        "--job.dump_folder",
+        str(dump),
+        *args,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env.pop("TITAN_MORPH_RUN_ID", None)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{out[-4000:]}")
+    return out
+
+
+def scalars(dump: Path, tag: str) -> dict[int, float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    values: dict[int, float] = {}
+    for folder in sorted((dump / "tb").glob("*")):
+        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+        acc.Reload()
+        if tag in acc.Tags().get("scalars", []):
+            values.update({ev.step: ev.value for ev in acc.Scalars(tag)})
+    return values
+
+
+def predict(schedule: str, args: list[str], delays: tuple[float, ...]):
+    """The plan the job runs (same config, same builder) and its simulated makespans."""
+    from torchtitan.config import ConfigManager
+
+    from titan_morph.integration.morph_schedules import initial_plan
+    from titan_morph.pipelining.links import StaticDelays
+    from titan_morph.pipelining.simulate import simulate
+
+    cfg = ConfigManager().parse_args(["--job.config_file", str(CONFIG), *args])
+    morph = cfg.morph
+    stages = cfg.parallelism.pipeline_parallel_degree
+    n = cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size
+    plan = initial_plan(FAMILY[schedule], morph, stages, n)
+    model = plan.model.with_delays((0.0,) * (stages - 1))
+    links = StaticDelays(delays)
+    blocking = simulate(model, plan.orders, links=links, depth=morph.link_queue_depth)
+    nonblocking = simulate(model, plan.orders, links=links, depth=None)
+    return plan, blocking, nonblocking, morph.link_queue_depth
+
+
+def median_after(values: dict[int, float], skip: int) -> tuple[float, int]:
+    kept = [v for step, v in sorted(values.items()) if step > skip]
+    if not kept:
+        raise RuntimeError(f"no measured steps after skipping {skip}: {values}")
+    return statistics.median(kept), len(kept)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=12, help="training steps per job (>= skip + 10)")
+    parser.add_argument("--skip", type=int, default=2, help="first steps left out of the median")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per job")
+    parser.add_argument("--out", type=Path, help="also write the tables to this markdown file")
+    opts = parser.parse_args()
+    if opts.steps < opts.skip + 1:
+        parser.error("--steps must exceed --skip")
+
+    from titan_morph.pipelining.schedule import plan_number
+
+    rows: list[Row] = []
+    depth = None
+    with tempfile.TemporaryDirectory(prefix="bench_testbed_") as tmp:
+        for case, spec in CASES:
+            delays = tuple(float(d) for d in spec.split(","))
+            for schedule in SCHEDULES:
+                args = overrides(schedule, spec, opts.steps)
+                plan, blocking, nonblocking, depth = predict(schedule, args, delays)
+                dump = Path(tmp) / f"{schedule}-{spec.replace(',', '_')}"
+                started = time.monotonic()
+                run_job(args, dump, opts.timeout)
+                ids = set(scalars(dump, "morph/plan_id").values())
+                if ids != {plan_number(plan.plan_id)}:
+                    raise RuntimeError(f"{schedule} {case}: the job ran plan(s) {ids}, predicted for {plan.plan_id}")
+                it, kept = median_after(scalars(dump, "morph/iteration_ms"), opts.skip)
+                span, _ = median_after(scalars(dump, "morph/pipeline_ms"), opts.skip)
+                row = Row(
+                    case, delays, schedule, plan.warmup, it, span, blocking.makespan, nonblocking.makespan, kept
+                )
+                rows.append(row)
+                print(
+                    f"{schedule:9s} {case:18s} x={list(plan.warmup)} iteration {it:7.1f} ms, pipeline {span:7.1f} ms,"
+                    f" predicted {blocking.makespan:7.1f} ms ({row.error(span):+.1f} %),"
+                    f" job {time.monotonic() - started:.0f} s",
+                    flush=True,
+                )
+
+    lines = [
+        f"Synthetic testbed PP=4, N=24, F=B=W=10 ms; median of {rows[0].steps} steps (first {opts.skip} skipped);"
+        f" default transport, link_queue_depth = {depth}; host load average {os.getloadavg()[0]:.1f}.",
+        "",
+        "| case | schedule | warm-up x | measured iteration_ms | measured pipeline_ms | predicted (blocking, "
+        f"depth {depth}) | error iteration / pipeline | predicted (non-blocking) |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.case} | {r.schedule} | {','.join(map(str, r.warmup))} | {r.iteration_ms:.1f} | {r.pipeline_ms:.1f}"
+            f" | {r.predicted_blocking:.1f} | {r.error(r.iteration_ms):+.1f} % / {r.error(r.pipeline_ms):+.1f} %"
+            f" | {r.predicted_nonblocking:.1f} |"
+        )
+    lines += [
+        "",
+        "| case | ZBH2 / PipeMorph measured (pipeline) | predicted, blocking | predicted, non-blocking "
+        "(dependency bubbles) | share of the slowdown gap due to blocking |",
+        "|---|---:|---:|---:|---|",
+    ]
+    by = {(r.case, r.schedule): r for r in rows}
+    for case, _ in CASES:
+        z, p = by[(case, "ZBH2")], by[(case, "PipeMorph")]
+        nb = z.predicted_nonblocking / p.predicted_nonblocking
+        bl = z.predicted_blocking / p.predicted_blocking
+        note = (
+            f"ZBH2 +{z.predicted_blocking - z.predicted_nonblocking:.0f} ms, PipeMorph "
+            f"+{p.predicted_blocking - p.predicted_nonblocking:.0f} ms from blocking"
+        )
+        lines.append(f"| {case} | {z.pipeline_ms / p.pipeline_ms:.2f} | {bl:.2f} | {nb:.2f} | {note} |")
+    table = "\n".join(lines)
+    print()
+    print(table)
+    if opts.out:
+        opts.out.write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
