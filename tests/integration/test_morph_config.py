@@ -62,6 +62,10 @@ BAD = [
     ({"recover_ratio": 1.5}, "morph.recover_ratio", "0 < recover_ratio <= 1"),
     ({"memory_budget": "8"}, "morph.memory_budget", "must be of type int"),
     ({"adapt": "yes"}, "morph.adapt", "must be of type bool"),
+    ({"plan_delays_ms": "0,x,0"}, "morph.plan_delays_ms", "not a number"),
+    ({"plan_delays_ms": "0,60"}, "morph.plan_delays_ms", "needs 3 values"),
+    ({"plan_delays_ms": "0,-1,0"}, "morph.plan_delays_ms", ">= 0"),
+    ({"plan_delays_ms": "0,inf,0"}, "morph.plan_delays_ms", "finite"),
 ]
 
 BAD_INJECT = [
@@ -114,6 +118,7 @@ def test_good_values_pass():
     validate_morph(Morph(), None)
     good = Morph(
         memory_budget=12,
+        plan_delays_ms="0,0,60",
         stage_times_ms="10,20,10;10,20,10;12,22,11;15,25,12",
         inject=Inject(mode="static", delays_ms="0,inf,60", direction="fwd", start_step=3, end_step=9),
         synthetic=Synthetic(enabled=True, fwd_ms="5,5,5,6"),
@@ -191,3 +196,20 @@ def test_trace_file_is_checked_against_the_pipeline(tmp_path):
     trace.write_text("when,link\n1,0\n")
     with pytest.raises(MorphConfigError, match=r"morph\.inject\.trace_file.*needs columns"):
         validate_morph(morph, 4)
+
+
+def test_plan_delays_make_pipemorph_plan_for_them():
+    """plan_delays_ms: PipeMorph starts from Alg. 2 for those delays (more warm-up before the slow link)."""
+    from titan_morph.integration.config import parse_plan_delays
+    from titan_morph.integration.morph_schedules import initial_plan
+
+    assert parse_plan_delays("", 3) is None and parse_plan_delays("60", 3) == (60.0, 60.0, 60.0)
+    base = replace(Morph(), memory_budget=7, stage_times_ms="10,10,10")
+    plain = initial_plan("pipemorph", base, 4, 24)
+    planned = initial_plan("pipemorph", replace(base, plan_delays_ms="0,0,60"), 4, 24)
+    assert plain.model.delays == (0.0, 0.0, 0.0) and planned.model.delays == (0.0, 0.0, 60.0)
+    assert planned.plan_id != plain.plan_id and planned.warmup[2] > plain.warmup[2], (plain.warmup, planned.warmup)
+    assert initial_plan("zb-h2", replace(base, plan_delays_ms="0,0,60"), 4, 24).warmup == (7, 5, 3, 1)
+    searching = replace(base, plan_delays_ms="0,0,60", search=True, search_budget_ms=50)
+    searched = initial_plan("pipemorph", searching, 4, 24)
+    assert searched.model.delays == (0.0, 0.0, 60.0)
