@@ -1,0 +1,176 @@
+"""Shared-memory slot buffers of the delegated data plane (issue 5; paper §5.1).
+
+A :class:`Segment` is one named POSIX shared-memory file (``/dev/shm/titan_morph_*``, so leftovers
+are easy to spot) holding a ring of ``nslots`` equally sized data slots plus a header of per-slot
+int64 flag words. The training process and one delegate map the same segment; a segment is made
+once per message size (i.e. per tensor shapes/dtypes of a message) and reused for every later
+message of that size, so the steady state allocates nothing.
+
+Flag protocol (one writer per word, sequence numbers so no word is ever reset):
+
+* send side — the trainer writes the payload, then ``FILLED = seq + 1`` (on CUDA a stream-ordered
+  device→host copy of that value, after the data copy on the same side stream); the delegate
+  waits for it, puts the bytes on the wire, then writes ``FREED = seq + 1``. A slot is free when
+  ``FREED == FILLED``.
+* receive side — the delegate receives into the slot, then writes ``READY = seq + 1``; the trainer
+  copies out and writes ``CONSUMED = seq + 1``. A slot is free when ``CONSUMED == READY``.
+
+Aligned 8-byte stores and loads are atomic and, on x86-64 (total store order), observed in program
+order by the other process, which is what makes "data, then flag" safe without locks.
+
+Message layout: the tensors of one message are packed back to back, each at a 64-byte aligned
+offset (:func:`layout`), so dtype views of a slot are always aligned.
+"""
+
+from __future__ import annotations
+
+import glob
+import mmap
+import os
+from collections.abc import Sequence
+
+import torch
+
+PREFIX = "titan_morph_"
+SHM_DIR = "/dev/shm"
+ALIGN = 64
+FLAG_WORDS = 8  # int64 words per slot header (one cache line)
+FILLED = READY = 0  # written by the producer of the slot's data
+FREED = CONSUMED = 1  # written by its consumer
+NBYTES = 2  # payload size of the message in the slot (written before FILLED/READY)
+
+
+def align(n: int, to: int = ALIGN) -> int:
+    return (n + to - 1) // to * to
+
+
+def layout(tensors: Sequence[torch.Tensor]) -> tuple[list[int], int]:
+    """Byte offset of each tensor in a packed message and the message's total size."""
+    offsets, off = [], 0
+    for t in tensors:
+        offsets.append(off)
+        off = align(off + t.numel() * t.element_size())
+    return offsets, off
+
+
+def _view(slot: torch.Tensor, off: int, t: torch.Tensor) -> torch.Tensor:
+    """``slot[off:]`` seen as a contiguous tensor with ``t``'s dtype and shape."""
+    n = t.numel() * t.element_size()
+    return slot[off : off + n].view(t.dtype).view(t.shape)
+
+
+def pack(slot: torch.Tensor, tensors: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
+    """Copy ``tensors`` (any dtype, any strides) into a host slot (CPU path)."""
+    for t, off in zip(tensors, offsets):
+        if t.numel():
+            _view(slot, off, t).copy_(t)
+
+
+def unpack(
+    slot: torch.Tensor, tensors: Sequence[torch.Tensor], offsets: Sequence[int], non_blocking: bool = False
+) -> None:
+    """Copy a packed slot into ``tensors`` (the receive buffers; any strides, CPU or device)."""
+    for t, off in zip(tensors, offsets):
+        if t.numel():
+            t.copy_(_view(slot, off, t), non_blocking=non_blocking)
+
+
+class Segment:
+    """A named shared-memory ring of ``nslots`` slots of ``slot_bytes`` each, plus flag words."""
+
+    def __init__(self, name: str, slot_bytes: int, nslots: int, *, create: bool) -> None:
+        if not name.startswith(PREFIX):
+            raise ValueError(f"shared-memory segment names must start with {PREFIX!r}, got {name!r}")
+        if nslots < 1:
+            raise ValueError(f"a segment needs >= 1 slot, got {nslots}")
+        self.name, self.slot_bytes, self.nslots = name, int(slot_bytes), int(nslots)
+        self.path = os.path.join(SHM_DIR, name)
+        self.stride = align(max(self.slot_bytes, 1))
+        self.header = align(nslots * FLAG_WORDS * 8, 4096)
+        self.size = self.header + nslots * self.stride
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(self.path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, self.size)
+            self._mm = mmap.mmap(fd, self.size)
+        finally:
+            os.close(fd)
+        self.owner = create
+        self._words = memoryview(self._mm)[: nslots * FLAG_WORDS * 8].cast("q")
+        self.data = torch.frombuffer(self._mm, dtype=torch.uint8)
+        self._flag_tensor: torch.Tensor | None = None
+        self._pinned = False
+
+    # -- flags -----------------------------------------------------------------------------
+    def flag(self, slot: int, word: int) -> int:
+        return self._words[slot * FLAG_WORDS + word]
+
+    def set_flag(self, slot: int, word: int, value: int) -> None:
+        self._words[slot * FLAG_WORDS + word] = value
+
+    def flag_view(self, slot: int, word: int) -> torch.Tensor:
+        """The flag word as a one-element int64 tensor (target of the CUDA stream-ordered write)."""
+        if self._flag_tensor is None:
+            self._flag_tensor = self.data[: self.nslots * FLAG_WORDS * 8].view(torch.int64)
+        i = slot * FLAG_WORDS + word
+        return self._flag_tensor[i : i + 1]
+
+    def slot(self, i: int) -> torch.Tensor:
+        """uint8 view of slot ``i``'s data."""
+        start = self.header + i * self.stride
+        return self.data[start : start + self.slot_bytes]
+
+    # -- CUDA ------------------------------------------------------------------------------
+    def pin(self) -> None:
+        """Page-lock the mapping for CUDA (``cudaHostRegister``) so device↔host copies are async DMA.
+
+        CUDA path: untested on this CPU-only machine."""
+        if self._pinned:
+            return
+        rc = torch.cuda.cudart().cudaHostRegister(self.data.data_ptr(), self.size, 0)
+        if int(rc) != 0:
+            raise RuntimeError(f"cudaHostRegister of shared-memory segment {self.name} ({self.size} B) failed: {rc}")
+        self._pinned = True
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Unmap (best effort: views handed out keep the mapping alive until collected)."""
+        if self._pinned:
+            try:
+                torch.cuda.cudart().cudaHostUnregister(self.data.data_ptr())
+            except Exception:
+                pass
+            self._pinned = False
+        self._flag_tensor = None
+        self.data = None  # type: ignore[assignment]
+        try:
+            self._words.release()
+            self._mm.close()
+        except (BufferError, ValueError):
+            pass
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def unlink_prefix(prefix: str) -> list[str]:
+    """Remove every segment whose name starts with ``prefix`` (crash cleanup); returns the names."""
+    if not prefix.startswith(PREFIX):
+        raise ValueError(f"refusing to unlink segments outside the {PREFIX!r} namespace: {prefix!r}")
+    removed = []
+    for path in glob.glob(os.path.join(SHM_DIR, glob.escape(prefix) + "*")):
+        try:
+            os.unlink(path)
+            removed.append(os.path.basename(path))
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def leftovers(prefix: str = PREFIX) -> list[str]:
+    """Names of existing segments starting with ``prefix``."""
+    return sorted(os.path.basename(p) for p in glob.glob(os.path.join(SHM_DIR, glob.escape(prefix) + "*")))
