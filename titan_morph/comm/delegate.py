@@ -495,8 +495,9 @@ class DelegateTransport:
             if time.monotonic() > deadline:
                 rec.status = "error"
                 raise CommTimeoutError(
-                    f"send of message {rec.seq} on link {rec.link} ({rec.direction}) to stage {rec.peer_stage}: no free "
-                    f"shared-memory slot within {self.timeout_s:.3g} s ({self.slots} slots of {dg.describe()} in flight)"
+                    f"send of message {rec.seq} on link {rec.link} ({rec.direction}) to stage {rec.peer_stage}: "
+                    f"no free shared-memory slot within {self.timeout_s:.3g} s "
+                    f"({self.slots} slots of {dg.describe()} in flight)"
                 )
             self._check_alive(dg)
             time.sleep(delay)
@@ -519,8 +520,9 @@ class DelegateTransport:
                 if remaining <= 0:
                     rec.status = "error"
                     raise CommTimeoutError(
-                        f"receive of message {rec.seq} on link {rec.link} ({rec.direction}) from stage {rec.peer_stage} "
-                        f"did not arrive within {bound:.3g} s (posted at {rec.issued:.1f} ms, step {rec.step}, "
+                        f"receive of message {rec.seq} on link {rec.link} ({rec.direction}) "
+                        f"from stage {rec.peer_stage} did not arrive within {bound:.3g} s "
+                        f"(posted at {rec.issued:.1f} ms, step {rec.step}, "
                         f"via {dg.describe()})"
                     )
                 for kind, a, b, c, d, _t in dg.poll_records(min(remaining, 0.5)):

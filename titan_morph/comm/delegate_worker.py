@@ -147,7 +147,8 @@ def _send_loop(role: dict[str, Any], dist: Any, torch: Any) -> None:
 
 
 def _recv_loop(role: dict[str, Any], dist: Any, torch: Any) -> None:
-    from titan_morph.comm.shm import CONSUMED, NBYTES, READY as READY_FLAG, Segment
+    from titan_morph.comm.shm import CONSUMED, NBYTES, Segment
+    from titan_morph.comm.shm import READY as READY_FLAG
 
     out, timeout_s, nslots = role["out_fd"], role["timeout_s"], role["slots"]
     by_size: dict[int, tuple[int, Segment]] = {}
