@@ -62,6 +62,8 @@ POLICY_BITS = (WAIT_W, WAIT_F, WAIT_W_FOR_F)
 PERTURB = "mixed"
 """Perturbation of the iterated local search: random valid swaps, critical-block moves, or mixed."""
 KNOB_SHARE = 0.5
+ACCEPT_EQUAL = True
+"""Iterated local search walks on from not-worse local optima (True) or restarts from the best."""
 NEIGHBOUR_ORDER = ("link", "x", "lim", "pol")
 """Order in which the knob phase tries its move groups (first improvement)."""
 """Share of the budget for the knob phase under static links (the rest polishes orders)."""
@@ -472,15 +474,21 @@ def polish(
     if first is None:
         raise ValueError("polish: the given orders deadlock")
     best_ms, best_sec, best, used = first
+    cur_ms, cur = best_ms, best
     rng = random.Random(seed)
     while used < max_evaluations:
+        base = cur if ACCEPT_EQUAL else best
         if PERTURB == "critical" or (PERTURB == "mixed" and rng.random() < 0.5):
-            trial = _perturb_critical(model, best, caps, rng, 1 + rng.randrange(2))
+            trial = _perturb_critical(model, base, caps, rng, 1 + rng.randrange(2))
         else:
-            trial = _perturb(best, caps, rng, 1 + rng.randrange(3))
+            trial = _perturb(base, caps, rng, 1 + rng.randrange(3))
         res = _descend(model, trial, caps, max_evaluations - used)
         used += 1 if res is None else res[3]
-        if res is not None and _better(res[0], res[1], best_ms, best_sec):
+        if res is None:
+            continue
+        if res[0] <= cur_ms + 1e-9:  # walk across plateaus (not-worse acceptance)
+            cur_ms, cur = res[0], res[2]
+        if _better(res[0], res[1], best_ms, best_sec):
             best_ms, best_sec, best = res[0], res[1], res[2]
     kinds = ("F", "I", "W")
     return best_ms, tuple(tuple(Op(kinds[c], m) for c, m in o) for o in best), used
