@@ -270,7 +270,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
         """Scalars for TorchTitan's metrics processor about the last step (written by the last stage).
 
         ``morph/iteration_ms``: this stage's step (schedule start to end); ``morph/pipeline_ms``:
-        first stage's start to the last stage's end across all stages (one host: a shared clock);
+        stage 0's start to the latest end of any stage (one host: a shared clock), i.e. what the
+        simulator's makespan measures;
         ``morph/planned_makespan_ms``: the plan's own prediction; ``morph/predicted_ms``: the
         simulator under the transport's actual links (``predict``); ``morph/plan_id``: see
         :func:`plan_number`; ``morph/idle_ms``, ``morph/compute_ms``, ``morph/blocked_ms``: this
@@ -302,11 +303,9 @@ class MorphSchedule(_PipelineScheduleRuntime):
         for stage, summ in sorted(summaries.items()):
             out[f"morph/stage{stage}/idle_ms"] = summ["idle_ms"]
             out[f"morph/stage{stage}/blocked_ms"] = summ["blocked_ms"]
-        if len(summaries) == self._num_stages:
-            first = min(summ["start_s"] for summ in summaries.values())
+        first = summaries[0]["start_s"] if 0 in summaries else None  # the pipeline starts with stage 0
+        if len(summaries) == self._num_stages and first is not None:
             out["morph/pipeline_ms"] = (max(summ["end_s"] for summ in summaries.values()) - first) * 1e3
-        else:
-            first = None
         if self.predict:
             predicted = self._predict(rec, first)
             if predicted is not None:
