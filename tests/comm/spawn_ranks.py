@@ -28,6 +28,9 @@ def free_port() -> int:
 
 def _entry(rank: int, world: int, port: int, out: str, fn: Callable[..., Any], args: tuple) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import faulthandler
+
+    faulthandler.enable()
     import torch
     import torch.distributed as dist
 
@@ -46,6 +49,9 @@ def _entry(rank: int, world: int, port: int, out: str, fn: Callable[..., Any], a
         Path(out, f"{rank}.pkl").write_bytes(pickle.dumps(("error", traceback.format_exc())))
         raise
     finally:
+        import gc
+
+        gc.collect()  # nothing holding gloo work may survive into interpreter finalization
         dist.destroy_process_group()
 
 
@@ -68,8 +74,7 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 6
                 p = Path(out, f"{r}.pkl")
                 if p.exists():
                     status, val = pickle.loads(p.read_bytes())
-                    if status == "error":
-                        details.append(f"--- rank {r} ---\n{val}")
+                    details.append(f"--- rank {r} ---\n{val}" if status == "error" else f"--- rank {r}: fn returned")
             raise AssertionError(f"{e}\n" + "\n".join(details)) from e
         finally:
             for p in ctx.processes:

@@ -578,6 +578,9 @@ class EmulatedTransport:
                     except Exception:
                         pass
         self._unwaited.clear()
+        # Break owner<->thread cycles and drop the extra store clients now, not at interpreter exit.
+        self._senders = {}
+        self._recv_clients.clear()
         self.inner.close()
         if stuck:
             raise CommTimeoutError(f"EmulatedTransport.close: queued sends not released in time on {', '.join(stuck)}")
