@@ -14,6 +14,11 @@ planned for the delay (``[morph] plan_delays_ms``). Each job runs ``--steps`` st
 Predictions use the very plan the job ran (built from the same config) and the same link model:
 ``simulate(..., links=StaticDelays(delays), depth=link_queue_depth)`` (blocking, as run) and, for
 the explanation only, ``depth=None`` (a non-blocking transport: pure dependency bubbles).
+Every case runs through the emulator (zero delays for "no delay"), which records each message;
+``morph/latency_ms`` is the median host latency λ of a message on this CPU emulation (arrival −
+the link model's delivery time, for receivers already waiting: gloo over TCP, thread wake-ups),
+which the link model takes as 0. The "delays + λ" column is the same simulation with λ added to
+every link's delay: the link model this host actually realises, measured in the same run.
 
     .venv/bin/python benchmarks/bench_testbed.py [--steps 12] [--skip 2] [--out table.md]
 
@@ -50,6 +55,8 @@ class Row:
     pipeline_ms: float
     predicted_blocking: float
     predicted_nonblocking: float
+    latency_ms: float
+    predicted_latency: float
     steps: int
 
     def error(self, measured: float) -> float:
@@ -57,11 +64,11 @@ class Row:
 
 
 def overrides(schedule: str, delays: str, steps: int) -> list[str]:
+    # Every case runs through the link emulator (zero delays for "no delay"): same message path.
     args = ["--training.steps", str(steps), "--parallelism.pipeline_parallel_schedule", schedule]
-    if any(float(d) for d in delays.split(",")):
-        args += ["--morph.inject.mode", "static", "--morph.inject.delays_ms", delays]
-        if schedule == "PipeMorph":
-            args += ["--morph.plan_delays_ms", delays]
+    args += ["--morph.inject.mode", "static", "--morph.inject.delays_ms", delays]
+    if schedule == "PipeMorph" and any(float(d) for d in delays.split(",")):
+        args += ["--morph.plan_delays_ms", delays]
     return args
 
 
@@ -107,6 +114,26 @@ def scalars(dump: Path, tag: str) -> dict[int, float]:
         if tag in acc.Tags().get("scalars", []):
             values.update({ev.step: ev.value for ev in acc.Scalars(tag)})
     return values
+
+
+def plan_for(schedule: str, args: list[str]):
+    """The plan the job runs (same config, same builder) and the config's link-queue depth."""
+    from torchtitan.config import ConfigManager
+
+    from titan_morph.integration.morph_schedules import initial_plan
+
+    cfg = ConfigManager().parse_args(["--job.config_file", str(CONFIG), *args])
+    stages = cfg.parallelism.pipeline_parallel_degree
+    n = cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size
+    return initial_plan(FAMILY[schedule], cfg.morph, stages, n), cfg.morph.link_queue_depth
+
+
+def simulated(plan, delays: tuple[float, ...], depth: int | None) -> float:
+    from titan_morph.pipelining.links import StaticDelays
+    from titan_morph.pipelining.simulate import simulate
+
+    model = plan.model.with_delays((0.0,) * len(delays))
+    return simulate(model, plan.orders, links=StaticDelays(delays), depth=depth).makespan
 
 
 def predict(schedule: str, args: list[str], delays: tuple[float, ...]):
@@ -164,13 +191,26 @@ def main() -> None:
                     raise RuntimeError(f"{schedule} {case}: the job ran plan(s) {ids}, predicted for {plan.plan_id}")
                 it, kept = median_after(scalars(dump, "morph/iteration_ms"), opts.skip)
                 span, _ = median_after(scalars(dump, "morph/pipeline_ms"), opts.skip)
+                lat, _ = median_after(scalars(dump, "morph/latency_ms"), opts.skip)
+                with_lat = simulated(plan, tuple(d + lat for d in delays), depth)
                 row = Row(
-                    case, delays, schedule, plan.warmup, it, span, blocking.makespan, nonblocking.makespan, kept
+                    case,
+                    delays,
+                    schedule,
+                    plan.warmup,
+                    it,
+                    span,
+                    blocking.makespan,
+                    nonblocking.makespan,
+                    lat,
+                    with_lat,
+                    kept,
                 )
                 rows.append(row)
                 print(
                     f"{schedule:9s} {case:18s} x={list(plan.warmup)} iteration {it:7.1f} ms, pipeline {span:7.1f} ms,"
-                    f" predicted {blocking.makespan:7.1f} ms ({row.error(span):+.1f} %),"
+                    f" predicted {blocking.makespan:7.1f} ms ({row.error(span):+.1f} %), host latency {lat:.2f} ms"
+                    f" -> predicted {with_lat:7.1f} ms ({(span - with_lat) / with_lat * 100:+.1f} %),"
                     f" job {time.monotonic() - started:.0f} s",
                     flush=True,
                 )
@@ -180,14 +220,16 @@ def main() -> None:
         f" default transport, link_queue_depth = {depth}; host load average {os.getloadavg()[0]:.1f}.",
         "",
         "| case | schedule | warm-up x | measured iteration_ms | measured pipeline_ms | predicted (blocking, "
-        f"depth {depth}) | error iteration / pipeline | predicted (non-blocking) |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        f"depth {depth}) | error iteration / pipeline | host latency λ | predicted, delays + λ | error pipeline "
+        "vs delays + λ | predicted (non-blocking) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        err_lat = (r.pipeline_ms - r.predicted_latency) / r.predicted_latency * 100
         lines.append(
             f"| {r.case} | {r.schedule} | {','.join(map(str, r.warmup))} | {r.iteration_ms:.1f} | {r.pipeline_ms:.1f}"
             f" | {r.predicted_blocking:.1f} | {r.error(r.iteration_ms):+.1f} % / {r.error(r.pipeline_ms):+.1f} %"
-            f" | {r.predicted_nonblocking:.1f} |"
+            f" | {r.latency_ms:.2f} | {r.predicted_latency:.1f} | {err_lat:+.1f} % | {r.predicted_nonblocking:.1f} |"
         )
     lines += [
         "",

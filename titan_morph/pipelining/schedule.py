@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,10 @@ class StepRecord:
     op_ms: list[tuple[str, int, float, float]] = field(default_factory=list)  # (kind, mb, start, end) ms
     start_s: float = 0.0  # time.monotonic() when the step began on this rank
     blocked_ms: dict[int, float] = field(default_factory=dict)  # per link: this rank blocked in sends (step)
+    # Emulated messages of the step (ms since the link epoch), keyed "link/direction/seq":
+    # sends -> planned delivery; receives -> (this rank began waiting for it, data observed).
+    sent: dict[str, float] = field(default_factory=dict)
+    received: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def busy_ms(self) -> float:
@@ -66,7 +70,30 @@ class StepRecord:
             "iteration_ms": self.iteration_ms,
             "idle_ms": self.idle_ms,
             "blocked_ms": sum(self.blocked_ms.values()),
+            "sent": self.sent,
+            "received": self.received,
         }
+
+
+def message_latencies(summaries: Iterable[dict[str, Any]]) -> dict[int, list[float]]:
+    """Host latency of emulated messages per link: observed arrival − the link model's delivery time.
+
+    Counted only for messages whose receiver was already waiting when they were due, so a busy
+    receiver does not count as latency.
+    This is what the CPU emulation adds to every message (gloo over TCP, thread wake-ups); the
+    link model and the simulator assume 0.
+    """
+    sent: dict[str, float] = {}
+    received: dict[str, tuple[float, float]] = {}
+    for summ in summaries:
+        sent.update(summ.get("sent", {}))
+        received.update(summ.get("received", {}))
+    out: dict[int, list[float]] = {}
+    for key, (waiting, completed) in received.items():
+        planned = sent.get(key)
+        if planned is not None and waiting <= planned:
+            out.setdefault(int(key.split("/", 1)[0]), []).append(completed - planned)
+    return out
 
 
 def plan_number(plan_id: str) -> float:
@@ -217,6 +244,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self._steps = 0
         self._current: StepRecord | None = None
         self._blocked_seen: dict[int, float] = {}
+        self._wait_started: dict[tuple[int, str, int], float] = {}
         stage = stages[0]
         self._is_last = stage.stage_index == stage.num_stages - 1
         self._exchange: StageExchange | None = None
@@ -274,7 +302,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
         simulator's makespan measures;
         ``morph/planned_makespan_ms``: the plan's own prediction; ``morph/predicted_ms``: the
         simulator under the transport's actual links (``predict``); ``morph/plan_id``: see
-        :func:`plan_number`; ``morph/idle_ms``, ``morph/compute_ms``, ``morph/blocked_ms``: this
+        :func:`plan_number`; ``morph/latency_ms[/link{i}]``: median host latency of emulated
+        messages (:func:`message_latencies`); ``morph/idle_ms``, ``morph/compute_ms``, ``morph/blocked_ms``: this
         stage; ``morph/stage{i}/idle_ms`` and ``morph/stage{i}/blocked_ms``: every stage, gathered by
         :class:`StageExchange` (absent for a stage whose summary did not arrive in time).
         """
@@ -306,6 +335,13 @@ class MorphSchedule(_PipelineScheduleRuntime):
         first = summaries[0]["start_s"] if 0 in summaries else None  # the pipeline starts with stage 0
         if len(summaries) == self._num_stages and first is not None:
             out["morph/pipeline_ms"] = (max(summ["end_s"] for summ in summaries.values()) - first) * 1e3
+        latencies = message_latencies(summaries.values())
+        if latencies:
+            import statistics
+
+            out["morph/latency_ms"] = statistics.median(v for vs in latencies.values() for v in vs)
+            for link, values in sorted(latencies.items()):
+                out[f"morph/latency_ms/link{link}"] = statistics.median(values)
         if self.predict:
             predicted = self._predict(rec, first)
             if predicted is not None:
@@ -335,10 +371,29 @@ class MorphSchedule(_PipelineScheduleRuntime):
         if self.transport is None:
             yield
             return
+        from torch.distributed.pipelining import schedules
+
         from titan_morph.comm.scope import use_transport
 
-        with use_transport(self.transport):
-            yield
+        inner_wait = schedules._wait_batch_p2p
+        started = self._wait_started
+
+        def _wait_batch_p2p(work: Any) -> Any:
+            # When this rank began waiting for each emulated receive (its latency is only
+            # measurable if it was already waiting when the message was due).
+            now = time.monotonic()
+            for handle in work:
+                rec = getattr(handle, "record", None)
+                if rec is not None and getattr(rec, "side", None) == "recv":
+                    started[(rec.link, rec.direction, rec.seq)] = now
+            return inner_wait(work)
+
+        schedules._wait_batch_p2p = _wait_batch_p2p
+        try:
+            with use_transport(self.transport):
+                yield
+        finally:
+            schedules._wait_batch_p2p = inner_wait
 
     # --------------------------------------------------------------- timing
     def _instrument(self, stage: Any) -> None:
@@ -382,6 +437,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         record.iteration_ms = (end - start) * 1e3
         record.op_ms = [(k, mb, (s - start) * 1e3, (e - start) * 1e3) for k, mb, s, e in record.op_ms]
         record.blocked_ms = self._blocked_delta()
+        self._take_messages(record)
         self.records.append(record)
         if len(self.records) > self.max_records:
             del self.records[: len(self.records) - self.max_records]
@@ -389,6 +445,22 @@ class MorphSchedule(_PipelineScheduleRuntime):
         if self._exchange is not None:
             self._exchange.publish(record.step, record.summary())
         return out
+
+    def _take_messages(self, record: StepRecord) -> None:
+        """Move the emulated transport's message records of this step into ``record``."""
+        take = getattr(self.transport, "take_records", None)
+        epoch = getattr(self.transport, "epoch", None)
+        started, self._wait_started = self._wait_started, {}
+        if not callable(take) or epoch is None:
+            return
+        for msg in take():
+            key = f"{msg.link}/{msg.direction}/{msg.seq}"
+            if msg.side == "send" and msg.planned is not None:
+                record.sent[key] = msg.planned
+            elif msg.side == "recv" and msg.completed is not None:
+                waited = started.get((msg.link, msg.direction, msg.seq))
+                if waited is not None:
+                    record.received[key] = ((waited - epoch) * 1e3, msg.completed)
 
     def _blocked_delta(self) -> dict[int, float]:
         """Per-link ms this rank was blocked in sends during the step (the transport's totals, differenced)."""
