@@ -15,7 +15,7 @@ Predictions use the very plan the job ran (built from the same config) and the s
 ``simulate(..., links=StaticDelays(delays), depth=link_queue_depth)`` (blocking, as run) and, for
 the explanation only, ``depth=None`` (a non-blocking transport: pure dependency bubbles).
 Every case runs through the emulator (zero delays for "no delay"), which records each message;
-``morph/latency_ms`` is the median host latency λ of a message on this CPU emulation (arrival −
+``morph/latency_ms`` is the mean host latency λ of a message on this CPU emulation (arrival −
 the link model's delivery time, for receivers already waiting: gloo over TCP, thread wake-ups),
 which the link model takes as 0. The "delays + λ" column is the same simulation with λ added to
 every link's delay: the link model this host actually realises, measured in the same run.

@@ -43,6 +43,7 @@ def test_testbed_records_and_losses_zbh2_vs_pipemorph(tmp_path, no_leftovers):
         "morph/predicted_ms",
         "morph/plan_id",
         "morph/blocked_ms",
+        "morph/latency_ms",
         *(f"morph/stage{s}/idle_ms" for s in range(4)),
         *(f"morph/stage{s}/blocked_ms" for s in range(4)),
     ):

@@ -302,7 +302,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         simulator's makespan measures;
         ``morph/planned_makespan_ms``: the plan's own prediction; ``morph/predicted_ms``: the
         simulator under the transport's actual links (``predict``); ``morph/plan_id``: see
-        :func:`plan_number`; ``morph/latency_ms[/link{i}]``: median host latency of emulated
+        :func:`plan_number`; ``morph/latency_ms[/link{i}]``: mean host latency of emulated
         messages (:func:`message_latencies`); ``morph/idle_ms``, ``morph/compute_ms``, ``morph/blocked_ms``: this
         stage; ``morph/stage{i}/idle_ms`` and ``morph/stage{i}/blocked_ms``: every stage, gathered by
         :class:`StageExchange` (absent for a stage whose summary did not arrive in time).
@@ -339,9 +339,10 @@ class MorphSchedule(_PipelineScheduleRuntime):
         if latencies:
             import statistics
 
-            out["morph/latency_ms"] = statistics.median(v for vs in latencies.values() for v in vs)
+            # the mean, not the median: latencies add up along the critical path, tail included
+            out["morph/latency_ms"] = statistics.fmean(v for vs in latencies.values() for v in vs)
             for link, values in sorted(latencies.items()):
-                out[f"morph/latency_ms/link{link}"] = statistics.median(values)
+                out[f"morph/latency_ms/link{link}"] = statistics.fmean(values)
         if self.predict:
             predicted = self._predict(rec, first)
             if predicted is not None:
