@@ -120,6 +120,7 @@ class _Delegate:
         self.lock = threading.Lock()
         self.failed = False
         self.buf = b""
+        self.backlog: list[tuple] = []  # records read before anyone waited for them
 
     def describe(self) -> str:
         side = "send" if self.send else "receive"
@@ -388,6 +389,8 @@ class DelegateTransport:
                     )
                 records = dg.poll_records(min(remaining, 0.5))
                 if any(r[0] == wire.READY for r in records):
+                    # a fast peer may already have delivered messages: keep their records
+                    dg.backlog = [r for r in records if r[0] != wire.READY]
                     break
                 if any(r[0] == wire.ERROR for r in records):
                     raise DelegateError(f"stage {self.stage}: {dg.describe()} failed to start (see its stderr)")
@@ -459,10 +462,10 @@ class DelegateTransport:
         seg = dg.segments[seg_id]
         slot = dg.cursor[seg_id] % self.slots
         dg.cursor[seg_id] += 1
-        t0 = time.monotonic()
+        t0 = t1 = time.monotonic()
         if seg.flag(slot, FREED) != seg.flag(slot, FILLED):  # back-pressure: every slot still in flight
             self._wait_free(dg, seg, slot, rec)
-        t1 = time.monotonic()
+            t1 = time.monotonic()
         event = None
         seg.set_flag(slot, NBYTES, total)
         if any(t.is_cuda for t in tensors):
@@ -525,7 +528,8 @@ class DelegateTransport:
                         f"(posted at {rec.issued:.1f} ms, step {rec.step}, "
                         f"via {dg.describe()})"
                     )
-                for kind, a, b, c, d, _t in dg.poll_records(min(remaining, 0.5)):
+                got, dg.backlog = dg.backlog + dg.poll_records(0.0 if dg.backlog else min(remaining, 0.5)), []
+                for kind, a, b, c, d, _t in got:
                     if kind == wire.MSG:
                         dg.arrived[a] = (b, c, d)
                     elif kind == wire.NEWSEG:
@@ -546,7 +550,7 @@ class DelegateTransport:
             self._cuda_stream = torch.cuda.Stream(device=device)
         stream = self._cuda_stream
         stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream), torch.no_grad():
             view = seg.slot(slot)
             for t, off in zip(tensors, offsets):
                 if t.numel():

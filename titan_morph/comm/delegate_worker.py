@@ -157,7 +157,14 @@ def _recv_loop(role: dict[str, Any], dist: Any, torch: Any) -> None:
     what = f"receive delegate link {role['link']} {role['direction']} #{role['index']}"
     expected = 0
     while True:
-        dist.recv(header, 0)
+        try:
+            dist.recv(header, 0)
+        except RuntimeError:  # the peer delegate closed between messages: its trainer shut down
+            if "closed" in str(sys.exc_info()[1]).lower():
+                # Messages already here may not be consumed yet: keep the segments until STOP,
+                # EOF or parent death (the watchdog exits the process then).
+                threading.Event().wait()
+            raise
         seq, nbytes = int(header[0]), int(header[1])
         if seq != expected:
             raise RuntimeError(f"{what}: message {seq} arrived, expected {expected} (per-pair FIFO broken)")

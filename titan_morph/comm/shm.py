@@ -61,18 +61,21 @@ def _view(slot: torch.Tensor, off: int, t: torch.Tensor) -> torch.Tensor:
 
 def pack(slot: torch.Tensor, tensors: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
     """Copy ``tensors`` (any dtype, any strides) into a host slot (CPU path)."""
-    for t, off in zip(tensors, offsets):
-        if t.numel():
-            _view(slot, off, t).copy_(t)
+    with torch.no_grad():
+        for t, off in zip(tensors, offsets):
+            if t.numel():
+                _view(slot, off, t).copy_(t)
 
 
 def unpack(
     slot: torch.Tensor, tensors: Sequence[torch.Tensor], offsets: Sequence[int], non_blocking: bool = False
 ) -> None:
-    """Copy a packed slot into ``tensors`` (the receive buffers; any strides, CPU or device)."""
-    for t, off in zip(tensors, offsets):
-        if t.numel():
-            t.copy_(_view(slot, off, t), non_blocking=non_blocking)
+    """Copy a packed slot into ``tensors`` (the receive buffers — leaves that may require grad, as
+    the pipeline's are; any strides; CPU or device), as gloo's receive writes them: outside autograd."""
+    with torch.no_grad():
+        for t, off in zip(tensors, offsets):
+            if t.numel():
+                t.copy_(_view(slot, off, t), non_blocking=non_blocking)
 
 
 class Segment:
