@@ -62,7 +62,9 @@ def cost_model(morph: Any, stages: int, n_microbatches: int, *, memory: bool) ->
 
 
 def make_transport(req: ScheduleRequest) -> Any | None:
-    """The emulated transport of ``[morph.inject]`` for this rank, or None (plain torch.distributed).
+    """The emulated transport of ``[morph.inject]`` for this rank, or None (plain torch.distributed);
+    with ``[morph] transport = "delegate"`` the delegated data plane (§5), which applies the
+    injected delays inside its delegates and never blocks the training thread on the wire.
 
     With ``[morph] transport = "default"`` the emulated link blocks the sender once
     ``link_queue_depth`` messages are in flight (NCCL's head-of-line blocking, §3.2).
@@ -70,10 +72,20 @@ def make_transport(req: ScheduleRequest) -> Any | None:
     morph = req.job_config.morph
     stage = req.stage
     links = link_model_from_config(morph.inject, stage.num_stages - 1, steps=req.job_config.training.steps)
+    if morph.transport == "delegate":  # all PP traffic via delegates; they apply the injected delays
+        from titan_morph.comm.delegate import DelegateTransport
+
+        return DelegateTransport(
+            stage=stage.stage_index,
+            num_stages=stage.num_stages,
+            group=stage.group,
+            links=links,
+            delegates_per_link=morph.delegates_per_link,
+        )
     if morph.transport != "default":
         raise ValueError(
-            f"[morph] transport = {morph.transport!r} needs the delegated data plane, which this version "
-            'of titan_morph does not ship yet; use transport = "default"'
+            f"[morph] transport = {morph.transport!r} (per-link switching) is not shipped yet; "
+            'use transport = "default" or "delegate"'
         )
     if links is None:
         return None
