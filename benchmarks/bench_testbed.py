@@ -15,10 +15,12 @@ Predictions use the very plan the job ran (built from the same config) and the s
 ``simulate(..., links=StaticDelays(delays), depth=link_queue_depth)`` (blocking, as run) and, for
 the explanation only, ``depth=None`` (a non-blocking transport: pure dependency bubbles).
 Every case runs through the emulator (zero delays for "no delay"), which records each message;
-``morph/latency_ms`` is the mean host latency λ of a message on this CPU emulation (arrival −
-the link model's delivery time, for receivers already waiting: gloo over TCP, thread wake-ups),
-which the link model takes as 0. The "delays + λ" column is the same simulation with λ added to
-every link's delay: the link model this host actually realises, measured in the same run.
+The host latency λ of a message on this CPU emulation, which the link model takes as 0, is
+measured in the same run: ``morph/send_latency_ms`` (the producing op's device end to the send's
+issue: sleep overshoot, the runtime loop) + ``morph/latency_ms`` (the link model's delivery time
+to the arrival seen by a receiver already waiting: the emulator's link thread, store notices,
+gloo over TCP). The "delays + λ" column is the same simulation with λ added to every link's
+delay: the link model this host actually realises.
 
     .venv/bin/python benchmarks/bench_testbed.py [--steps 12] [--skip 2] [--out table.md]
 
@@ -192,6 +194,7 @@ def main() -> None:
                 it, kept = median_after(scalars(dump, "morph/iteration_ms"), opts.skip)
                 span, _ = median_after(scalars(dump, "morph/pipeline_ms"), opts.skip)
                 lat, _ = median_after(scalars(dump, "morph/latency_ms"), opts.skip)
+                lat += median_after(scalars(dump, "morph/send_latency_ms"), opts.skip)[0]
                 with_lat = simulated(plan, tuple(d + lat for d in delays), depth)
                 row = Row(
                     case,

@@ -47,6 +47,8 @@ class StepRecord:
     # sends -> planned delivery; receives -> (this rank began waiting for it, data observed).
     sent: dict[str, float] = field(default_factory=dict)
     received: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # Per send: ms from the producing op's end (its device end on the testbed) to the send's issue.
+    send_late_ms: list[float] = field(default_factory=list)
 
     @property
     def busy_ms(self) -> float:
@@ -72,6 +74,8 @@ class StepRecord:
             "blocked_ms": sum(self.blocked_ms.values()),
             "sent": self.sent,
             "received": self.received,
+            "send_late_ms": sum(self.send_late_ms),
+            "sends": float(len(self.send_late_ms)),
         }
 
 
@@ -187,6 +191,23 @@ class StageExchange:
             self._thread.join(1.0)
 
 
+class _SendTimer:
+    """The schedule's transport, timing how late each send leaves after the op that produced it."""
+
+    def __init__(self, inner: Any, schedule: MorphSchedule) -> None:
+        self.inner, self.schedule = inner, schedule
+
+    def batch_p2p(self, ops: list, desc: str | None = None) -> list:
+        sched = self.schedule
+        if sched._produced_at is not None and sched._current is not None and any(op.op is dist.isend for op in ops):
+            sched._current.send_late_ms.append((time.monotonic() - sched._produced_at) * 1e3)
+            sched._produced_at = None
+        return self.inner.batch_p2p(ops, desc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 class PlanMismatchError(RuntimeError):
     """Ranks of one pipeline installed different plans: running on would deadlock."""
 
@@ -245,6 +266,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self._current: StepRecord | None = None
         self._blocked_seen: dict[int, float] = {}
         self._wait_started: dict[tuple[int, str, int], float] = {}
+        self._produced_at: float | None = None
         stage = stages[0]
         self._is_last = stage.stage_index == stage.num_stages - 1
         self._exchange: StageExchange | None = None
@@ -303,7 +325,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
         ``morph/planned_makespan_ms``: the plan's own prediction; ``morph/predicted_ms``: the
         simulator under the transport's actual links (``predict``); ``morph/plan_id``: see
         :func:`plan_number`; ``morph/latency_ms[/link{i}]``: mean host latency of emulated
-        messages (:func:`message_latencies`); ``morph/idle_ms``, ``morph/compute_ms``, ``morph/blocked_ms``: this
+        messages (:func:`message_latencies`); ``morph/send_latency_ms``: mean time from a producing
+        op's (device) end to its send's issue; ``morph/idle_ms``, ``morph/compute_ms``, ``morph/blocked_ms``: this
         stage; ``morph/stage{i}/idle_ms`` and ``morph/stage{i}/blocked_ms``: every stage, gathered by
         :class:`StageExchange` (absent for a stage whose summary did not arrive in time).
         """
@@ -343,6 +366,9 @@ class MorphSchedule(_PipelineScheduleRuntime):
             out["morph/latency_ms"] = statistics.fmean(v for vs in latencies.values() for v in vs)
             for link, values in sorted(latencies.items()):
                 out[f"morph/latency_ms/link{link}"] = statistics.fmean(values)
+        sends = sum(summ.get("sends", 0.0) for summ in summaries.values())
+        if sends:
+            out["morph/send_latency_ms"] = sum(summ.get("send_late_ms", 0.0) for summ in summaries.values()) / sends
         if self.predict:
             predicted = self._predict(rec, first)
             if predicted is not None:
@@ -378,6 +404,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
 
         inner_wait = schedules._wait_batch_p2p
         started = self._wait_started
+        transport = _SendTimer(self.transport, self)
 
         def _wait_batch_p2p(work: Any) -> Any:
             # When this rank began waiting for each emulated receive (its latency is only
@@ -391,7 +418,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
 
         schedules._wait_batch_p2p = _wait_batch_p2p
         try:
-            with use_transport(self.transport):
+            with use_transport(transport):
                 yield
         finally:
             schedules._wait_batch_p2p = inner_wait
@@ -415,6 +442,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
                     op_kind = "I"
                 rec.compute_ms[op_kind] = rec.compute_ms.get(op_kind, 0.0) + (end - start) * 1e3
                 rec.op_ms.append((op_kind, mb_index, start, end))
+                clock = getattr(stage, "_titan_morph_clock", None)  # testbed: the op's device end
+                self._produced_at = clock.device_end if clock is not None else end
                 return out
 
             setattr(stage, name, timed)
