@@ -4,6 +4,7 @@ and close to the exact optimum on tiny instances."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -125,3 +126,12 @@ def test_search_close_to_exact_on_tiny_instances() -> None:
         gaps.append(got / ref.makespan - 1)
     assert max(gaps) <= 0.03, gaps
     assert sum(gaps) / len(gaps) <= 0.01, gaps
+
+
+def test_search_handles_many_random_instances() -> None:
+    # Regression: ties between local optima once made the polish-start sort compare Knobs.
+    rng = random.Random(8890)
+    for k in range(30):
+        model = random_instance(rng, s_range=(3, 5), n_mult=(1, 3), memory="tight" if k % 2 == 0 else "loose")
+        res = search_detailed(model)
+        assert res.makespan == pytest.approx(makespan(model, res.plan.orders))

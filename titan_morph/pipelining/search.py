@@ -72,7 +72,7 @@ POLISH_STARTS = 2
 _UNIFORM_POLICIES = (0, WAIT_W | WAIT_W_FOR_F, WAIT_W | WAIT_F | WAIT_W_FOR_F)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class Knobs:
     """One point of the search space (per stage: x_i, in-flight cap, policy bits)."""
 
@@ -675,7 +675,7 @@ def search_detailed(
     best_rank, _, best = ranked[0]
     # Hill-climb (first improvement, memoised, deterministic order) from the best start, then from
     # the next-best starts while evaluations remain.
-    optima: list[tuple[tuple[float, int, int, int], int, Knobs]] = [ranked[0]]
+    optima: list[tuple[tuple[float, int, int, int], int, Knobs]] = [(ranked[0][0], 0, ranked[0][2])]
     for start_rank, _, start in ranked:
         if len(memo) >= knob_budget:
             break
