@@ -20,7 +20,8 @@ iterations ~5-10 % longer than predicted. On a GPU that host work overlaps the p
 ``device start + target``, where the device start is
 
 * the previous op's device end, if the host came back within ``hide_host_gap_ms`` (host overhead
-  and sleep overshoot are absorbed, as asynchronous launches would absorb them);
+  and sleep overshoot are absorbed, as asynchronous launches would absorb them; at most
+  ``hide_host_gap_ms`` in all: an op never starts more than that before it is called);
 * the moment the op's input wait returned, if that wait actually blocked (the input arrived
   later than the previous op's end: the device idled until then);
 * otherwise (a longer host gap, e.g. between training steps) the moment the op is called.
@@ -109,7 +110,7 @@ class DeviceClock:
             begin = self.device_end  # host overhead only: hidden under the previous op
         else:
             begin = now
-        begin = min(begin, now)
+        begin = min(max(begin, now - self.hide_s), now)  # never more than hide_s of host time hidden
         self.hidden_s += now - begin
         return begin
 

@@ -36,6 +36,11 @@ def test_short_wait_counts_as_host_overhead(clock, monkeypatch):
     assert clock.start(10.0006) == 10.000
 
 
+def test_at_most_the_hide_gap_is_hidden(clock):
+    clock.host_end = 10.0050  # the previous op woke up 5 ms late (heavy load) and the host came back at once
+    assert clock.start(10.0055) == pytest.approx(10.0035)  # hidden: 2 ms, not 5.5
+
+
 def test_stale_wait_from_before_the_previous_op_is_ignored(clock, monkeypatch):
     monkeypatch.setattr(testbed, "_last_wait", [9.0, 9.9])
     assert clock.start(10.0005) == 10.000
