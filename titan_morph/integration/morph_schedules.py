@@ -64,7 +64,8 @@ def cost_model(morph: Any, stages: int, n_microbatches: int, *, memory: bool) ->
 def make_transport(req: ScheduleRequest) -> Any | None:
     """The emulated transport of ``[morph.inject]`` for this rank, or None (plain torch.distributed);
     with ``[morph] transport = "delegate"`` the delegated data plane (§5), which applies the
-    injected delays inside its delegates and never blocks the training thread on the wire.
+    injected delays inside its delegates and never blocks the training thread on the wire; with
+    ``"auto"`` the default path, failing over per link to the delegates when a link goes down.
 
     With ``[morph] transport = "default"`` the emulated link blocks the sender once
     ``link_queue_depth`` messages are in flight (NCCL's head-of-line blocking, §3.2).
@@ -82,25 +83,42 @@ def make_transport(req: ScheduleRequest) -> Any | None:
             links=links,
             delegates_per_link=morph.delegates_per_link,
         )
-    if morph.transport != "default":
-        raise ValueError(
-            f"[morph] transport = {morph.transport!r} (per-link switching) is not shipped yet; "
-            'use transport = "default" or "delegate"'
-        )
-    if links is None:
+    if morph.transport not in ("default", "auto"):
+        raise ValueError(f'[morph] transport must be "default", "delegate" or "auto", got {morph.transport!r}')
+    if links is None and morph.transport == "default":
         return None
     from titan_morph.comm.emulator import EmulatedTransport, sync_epoch
     from titan_morph.comm.transport import TorchTransport
 
-    return EmulatedTransport(
-        TorchTransport(),
-        links,
+    epoch = sync_epoch(stage.group)
+    primary = (
+        TorchTransport()
+        if links is None
+        else EmulatedTransport(
+            TorchTransport(),
+            links,
+            stage=stage.stage_index,
+            num_stages=stage.num_stages,
+            group=stage.group,
+            depth=morph.link_queue_depth,
+            epoch=epoch,
+        )
+    )
+    if morph.transport == "default":
+        return primary
+    # auto: default path per link; a link that goes down (inf) fails over to the delegates
+    from titan_morph.comm.delegate import DelegateTransport
+    from titan_morph.comm.failover import FailoverTransport
+
+    delegate = DelegateTransport(
         stage=stage.stage_index,
         num_stages=stage.num_stages,
         group=stage.group,
-        depth=morph.link_queue_depth,
-        epoch=sync_epoch(stage.group),
+        links=links,
+        delegates_per_link=morph.delegates_per_link,
+        epoch=epoch,
     )
+    return FailoverTransport(primary, delegate, stage=stage.stage_index, num_stages=stage.num_stages)
 
 
 def prepare_stage(req: ScheduleRequest) -> None:
