@@ -56,3 +56,20 @@ def test_link_down_mid_run_fails_over_to_delegates() -> None:
         assert r["failovers"] == 2, r["log"]  # its send direction and its receive direction
         assert r["delegated"] == [(0, "bwd"), (0, "fwd")]
         assert all(step == 3 for step, *_ in r["log"]), r["log"]
+
+
+def test_training_survives_a_link_going_down(tmp_path, no_leftovers) -> None:
+    """llama3 debug, PP=2, transport "auto": link 0 goes down (inf) from step 3 on; all 5 steps
+    complete with the losses of an undisturbed run and the log reports the failover."""
+    from conftest import torchrun
+
+    common = ("--training.steps", "5", "--training.seq_len", "32", "--metrics.log_freq", "1")
+    common += ("--parallelism.pipeline_parallel_schedule", "PipeMorph")
+    ref = torchrun(2, tmp_path / "ref", *common)
+    assert ref.returncode == 0, ref.tail()
+    down = ("--morph.transport", "auto", "--morph.inject.mode", "static", "--morph.inject.delays_ms", "inf")
+    run = torchrun(2, tmp_path / "down", *common, *down, "--morph.inject.start_step", "3")
+    assert run.returncode == 0, run.tail()
+    assert run.losses() == ref.losses() and sorted(ref.losses()) == [1, 2, 3, 4, 5]
+    assert "fails over to the delegates" in run.output, run.tail()
+    no_leftovers(tmp_path)
