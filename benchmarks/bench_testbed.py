@@ -14,7 +14,8 @@ planned for the delay (``[morph] plan_delays_ms``). Each job runs ``--steps`` st
 Predictions use the very plan the job ran (built from the same config) and the same link model:
 ``simulate(..., links=StaticDelays(delays), depth=link_queue_depth)`` (blocking, as run) and, for
 the explanation only, ``depth=None`` (a non-blocking transport: pure dependency bubbles).
-Every case runs through the emulator (zero delays for "no delay"), which records each message;
+"No delay" runs plain torch.distributed; the delayed cases run through the emulator, which
+records each message.
 The host latency λ of a message on this CPU emulation, which the link model takes as 0, is
 measured in the same run: ``morph/send_latency_ms`` (the producing op's device end to the send's
 issue: sleep overshoot, the runtime loop) + ``morph/latency_ms`` (the link model's delivery time
@@ -66,11 +67,11 @@ class Row:
 
 
 def overrides(schedule: str, delays: str, steps: int) -> list[str]:
-    # Every case runs through the link emulator (zero delays for "no delay"): same message path.
     args = ["--training.steps", str(steps), "--parallelism.pipeline_parallel_schedule", schedule]
-    args += ["--morph.inject.mode", "static", "--morph.inject.delays_ms", delays]
-    if schedule == "PipeMorph" and any(float(d) for d in delays.split(",")):
-        args += ["--morph.plan_delays_ms", delays]
+    if any(float(d) for d in delays.split(",")):  # "no delay" runs plain torch.distributed (no emulator)
+        args += ["--morph.inject.mode", "static", "--morph.inject.delays_ms", delays]
+        if schedule == "PipeMorph":
+            args += ["--morph.plan_delays_ms", delays]
     return args
 
 
@@ -193,7 +194,8 @@ def main() -> None:
                     raise RuntimeError(f"{schedule} {case}: the job ran plan(s) {ids}, predicted for {plan.plan_id}")
                 it, kept = median_after(scalars(dump, "morph/iteration_ms"), opts.skip)
                 span, _ = median_after(scalars(dump, "morph/pipeline_ms"), opts.skip)
-                lat, _ = median_after(scalars(dump, "morph/latency_ms"), opts.skip)
+                received = scalars(dump, "morph/latency_ms")  # only through the emulator
+                lat = median_after(received, opts.skip)[0] if received else 0.0
                 lat += median_after(scalars(dump, "morph/send_latency_ms"), opts.skip)[0]
                 with_lat = simulated(plan, tuple(d + lat for d in delays), depth)
                 row = Row(
