@@ -395,16 +395,18 @@ class MorphSchedule(_PipelineScheduleRuntime):
     # ------------------------------------------------------------ transport
     @contextlib.contextmanager
     def _transport_scope(self) -> Iterator[None]:
-        if self.transport is None:
-            yield
-            return
         from torch.distributed.pipelining import schedules
 
         from titan_morph.comm.scope import use_transport
 
         inner_wait = schedules._wait_batch_p2p
         started = self._wait_started
-        transport = _SendTimer(self.transport, self)
+        if self.transport is None:
+            from titan_morph.comm.transport import TorchTransport
+
+            transport = _SendTimer(TorchTransport(), self)  # exactly torch's _batch_p2p, timed
+        else:
+            transport = _SendTimer(self.transport, self)
 
         def _wait_batch_p2p(work: Any) -> Any:
             # When this rank began waiting for each emulated receive (its latency is only
