@@ -39,6 +39,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .builders import split_fused
 from .model import CostModel, Op, Order
 
 _SCALES = (1, 2, 4, 5, 10, 20, 100, 1000)
@@ -183,20 +184,6 @@ def asap_times(model: CostModel, orders: Sequence[Sequence[Op]]) -> dict[tuple[i
     return done
 
 
-def _split(orders: Sequence[Sequence[Op]]) -> tuple[Order, ...]:
-    """Fused ``B`` -> ``I`` then ``W`` (a valid split schedule with the same timing or better)."""
-    out = []
-    for order in orders:
-        ops: list[Op] = []
-        for op in order:
-            if op.kind == "B":
-                ops += [Op("I", op.mb), Op("W", op.mb)]
-            else:
-                ops.append(op)
-        out.append(tuple(ops))
-    return tuple(out)
-
-
 def _default_hint(model: CostModel) -> tuple[Order, ...] | None:
     """A feasible schedule to warm-start CP-SAT: the search if available, else the generator."""
     try:
@@ -246,7 +233,7 @@ def optimal_makespan(
     t_start = time.perf_counter()
     if hint is None and use_default_hint:
         hint = _default_hint(model)
-    hint_orders = _split(hint) if hint is not None else None
+    hint_orders = split_fused(hint) if hint is not None else None
     if fifo is not None:
         res = _solve(model, time_limit_s, workers, hint_orders, fifo, seed)
         return _replace_wall(res, t_start)
