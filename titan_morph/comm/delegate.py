@@ -463,9 +463,12 @@ class DelegateTransport:
         slot = dg.cursor[seg_id] % self.slots
         dg.cursor[seg_id] += 1
         t0 = t1 = time.monotonic()
-        if seg.flag(slot, FREED) != seg.flag(slot, FILLED):  # back-pressure: every slot still in flight
+        # free once the delegate freed the slot's last message (host-side count: on CUDA the FILLED
+        # word is written later, by the side stream)
+        if seg.flag(slot, FREED) != seg.issued[slot]:  # back-pressure: every slot still in flight
             self._wait_free(dg, seg, slot, rec)
             t1 = time.monotonic()
+        seg.issued[slot] = local + 1
         event = None
         seg.set_flag(slot, NBYTES, total)
         if any(t.is_cuda for t in tensors):
@@ -494,7 +497,7 @@ class DelegateTransport:
     def _wait_free(self, dg: _Delegate, seg: Segment, slot: int, rec: MessageRecord) -> None:
         deadline = time.monotonic() + self.timeout_s
         delay = 50e-6
-        while seg.flag(slot, FREED) != seg.flag(slot, FILLED):
+        while seg.flag(slot, FREED) != seg.issued[slot]:
             if time.monotonic() > deadline:
                 rec.status = "error"
                 raise CommTimeoutError(
@@ -600,7 +603,7 @@ class DelegateTransport:
             for dg in pool:
                 if dg.send:
                     for seg in dg.segments.values():
-                        if any(seg.flag(s, FREED) != seg.flag(s, FILLED) for s in range(seg.nslots)):
+                        if any(seg.flag(s, FREED) != seg.issued[s] for s in range(seg.nslots)):
                             return False
         return True
 

@@ -11,7 +11,8 @@ Flag protocol (one writer per word, sequence numbers so no word is ever reset):
 * send side — the trainer writes the payload, then ``FILLED = seq + 1`` (on CUDA a stream-ordered
   device→host copy of that value, after the data copy on the same side stream); the delegate
   waits for it, puts the bytes on the wire, then writes ``FREED = seq + 1``. A slot is free when
-  ``FREED == FILLED``.
+  ``FREED`` equals the trainer's own host-side count of what it put there (``issued``; on CUDA the
+  FILLED word itself lands later).
 * receive side — the delegate receives into the slot, then writes ``READY = seq + 1``; the trainer
   copies out and writes ``CONSUMED = seq + 1``. A slot is free when ``CONSUMED == READY``.
 
@@ -103,6 +104,7 @@ class Segment:
         self._words = memoryview(self._mm)[: nslots * FLAG_WORDS * 8].cast("q")
         self.data = torch.frombuffer(self._mm, dtype=torch.uint8)
         self._flag_tensor: torch.Tensor | None = None
+        self.issued = [0] * nslots  # send side, trainer only: seq + 1 of the message last put in each slot
         self._pinned = False
 
     # -- flags -----------------------------------------------------------------------------
