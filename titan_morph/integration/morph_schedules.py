@@ -134,8 +134,9 @@ def prepare_stage(req: ScheduleRequest) -> None:
 
 def transport_depth(morph: Any) -> int | None:
     """Link-queue depth of the configured transport: ``link_queue_depth`` for the blocking default
-    transport (NCCL model), None (never blocks) for the delegated one."""
-    return morph.link_queue_depth if morph.transport == "default" else None
+    transport (NCCL model; also ``auto``, which runs it until a link fails over), None (never
+    blocks) for the delegated one."""
+    return None if morph.transport == "delegate" else morph.link_queue_depth
 
 
 def initial_plan(family: str, morph: Any, stages: int, n_microbatches: int) -> Plan:
