@@ -1,4 +1,4 @@
-"""Pipeline data plane: the Transport protocol, its runtime swap, and the link emulator.
+"""Pipeline data plane: Transport protocol and runtime swap, link emulator, delegated transport, failover.
 
 Imports are lazy (PEP 562) so ``import titan_morph.comm`` loads neither torch.distributed nor
 threads; ``from titan_morph.comm import EmulatedTransport`` imports what it names.
@@ -39,6 +39,9 @@ _EXPORTS = {
     "CommTimeoutError": "emulator",
     "sync_epoch": "emulator",
     "LinkDownError": "emulator",
+    "DelegateTransport": "delegate",
+    "DelegateError": "delegate",
+    "FailoverTransport": "failover",
 }
 
 __all__ = sorted(_EXPORTS)
