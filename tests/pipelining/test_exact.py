@@ -94,3 +94,12 @@ def test_closed_form_lower_bound_is_valid_and_used() -> None:
     wave = CostModel.uniform(2, 3, 1.0, 2.0, 0.5, delays=4.0, memory=(3, 1))
     assert lower_bound_ms(wave) >= 3 * (1.0 + 2.0) + (1.0 + 4.0) + (4.0 + 2.0 + 0.5)
     assert optimal_makespan(wave, time_limit_s=10).makespan >= lower_bound_ms(wave) - 1e-9
+
+
+def test_out_of_time_falls_back_to_the_hint_never_claiming_optimality() -> None:
+    model = instance_set(5, 1)[0]
+    res = optimal_makespan(model, time_limit_s=0.001)  # warm-started from the search's plan
+    assert not res.optimal
+    assert res.lower_bound <= res.makespan
+    validate_orders(model, res.orders)
+    assert simulate(model, res.orders).makespan == pytest.approx(res.makespan)

@@ -373,7 +373,21 @@ def _solve(
     status = solver.solve(m)
     status_name = solver.status_name(status)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise RuntimeError(f"exact: CP-SAT found no schedule within {time_limit_s} s (status {status_name})")
+        if hint_orders is None:
+            raise RuntimeError(f"exact: CP-SAT found no schedule within {time_limit_s} s (status {status_name})")
+        # Out of time before any solution (a loaded machine): the warm start is still a feasible
+        # schedule; report it as such, with the closed-form bound, never as optimal.
+        hint_end = max(end for _start, end in hint_times.values()) if hint_times else math.inf
+        return ExactResult(
+            makespan=hint_end,
+            lower_bound=min(lower_bound_ms(model), hint_end),
+            optimal=False,
+            orders=hint_orders,
+            scale=scale,
+            rounded=rounded,
+            wall_s=time.perf_counter() - t_start,
+            status=f"{status_name}:hint",
+        )
     orders = []
     for s in range(S):
         ops = sorted(
