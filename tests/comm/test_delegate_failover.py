@@ -72,4 +72,6 @@ def test_training_survives_a_link_going_down(tmp_path, no_leftovers) -> None:
     assert run.returncode == 0, run.tail()
     assert run.losses() == ref.losses() and sorted(ref.losses()) == [1, 2, 3, 4, 5]
     assert "fails over to the delegates" in run.output, run.tail()
+    failovers = run.scalars("morph/failovers")  # TensorBoard shows it too
+    assert failovers[1] == 0 and failovers[5] > 0, failovers
     no_leftovers(tmp_path)

@@ -49,6 +49,7 @@ class StepRecord:
     received: dict[str, tuple[float, float]] = field(default_factory=dict)
     # Per send: ms from the producing op's end (its device end on the testbed) to the send's issue.
     send_late_ms: list[float] = field(default_factory=list)
+    failovers: int = 0  # links this rank has moved to the delegated path so far (``auto`` transport)
 
     @property
     def busy_ms(self) -> float:
@@ -76,6 +77,7 @@ class StepRecord:
             "received": self.received,
             "send_late_ms": sum(self.send_late_ms),
             "sends": float(len(self.send_late_ms)),
+            "failovers": float(self.failovers),
         }
 
 
@@ -352,6 +354,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
         summaries = {self._stages[0].stage_index: rec.summary()}
         if self._exchange is not None:
             summaries.update(self._exchange.collect(rec.step))
+        # failovers: (link, direction) switches to the delegates, counted on both ends of a link
+        out["morph/failovers"] = sum(summ.get("failovers", 0.0) for summ in summaries.values())
         for stage, summ in sorted(summaries.items()):
             out[f"morph/stage{stage}/idle_ms"] = summ["idle_ms"]
             out[f"morph/stage{stage}/blocked_ms"] = summ["blocked_ms"]
@@ -469,6 +473,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         record.iteration_ms = (end - start) * 1e3
         record.op_ms = [(k, mb, (s - start) * 1e3, (e - start) * 1e3) for k, mb, s, e in record.op_ms]
         record.blocked_ms = self._blocked_delta()
+        record.failovers = int(getattr(self.transport, "failovers", 0))
         self._take_messages(record)
         self.records.append(record)
         if len(self.records) > self.max_records:
