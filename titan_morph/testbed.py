@@ -22,8 +22,11 @@ iterations ~5-10 % longer than predicted. On a GPU that host work overlaps the p
 * the previous op's device end, if the host came back within ``hide_host_gap_ms`` (host overhead
   and sleep overshoot are absorbed, as asynchronous launches would absorb them; at most
   ``hide_host_gap_ms`` in all: an op never starts more than that before it is called);
-* the moment the op's input wait returned, if that wait actually blocked (the input arrived
-  later than the previous op's end: the device idled until then);
+* the moment the op's input was delivered, if its wait actually blocked (the input arrived
+  later than the previous op's end: the device idled until then). Through the link emulator that
+  is the link model's delivery time (``due_s`` of its receive handles), not the later moment the
+  host saw the data (its link thread, store notice and gloo hop are host latency, which a GPU's
+  NCCL does not add); otherwise the moment the wait returned;
 * otherwise (a longer host gap, e.g. between training steps) the moment the op is called.
 
 The input wait is observed by timing torch's ``schedules._wait_batch_p2p`` (one process-wide
@@ -59,8 +62,24 @@ class StageTimes:
                 raise ValueError(f"synthetic {name} must be in [0, 60000) ms, got {value}")
 
 
-# (start, end) monotonic seconds of the latest pipeline input wait in this process.
-_last_wait: list[float] = [-math.inf, -math.inf]
+# (start, end, due) monotonic seconds of the latest pipeline input wait in this process; ``due``:
+# when the link model delivered its inputs (emulated receives, see below), else ``end``.
+_last_wait: list[float] = [-math.inf, -math.inf, -math.inf]
+
+
+def _due(work: Any, end: float) -> float:
+    """When the inputs of ``work`` were delivered by the link model: the latest ``due_s`` of its
+    emulated receives (``EmulatedTransport``), or ``end`` if any receive does not know it."""
+    due = -math.inf
+    for handle in work if isinstance(work, (list, tuple)) else ():
+        rec = getattr(handle, "record", None)
+        if getattr(rec, "side", None) != "recv":
+            continue
+        t = getattr(handle, "due_s", None)
+        if t is None:
+            return end
+        due = max(due, t)
+    return end if due == -math.inf else min(due, end)
 
 
 def _install_wait_probe() -> None:
@@ -76,7 +95,8 @@ def _install_wait_probe() -> None:
         try:
             return inner(work)
         finally:
-            _last_wait[0], _last_wait[1] = start, time.monotonic()
+            end = time.monotonic()
+            _last_wait[0], _last_wait[1], _last_wait[2] = start, end, _due(work, end)
 
     _wait_batch_p2p.__titan_morph_probe__ = True  # type: ignore[attr-defined]
     schedules._wait_batch_p2p = _wait_batch_p2p
@@ -102,10 +122,12 @@ class DeviceClock:
 
     def start(self, now: float) -> float:
         """Device start of an op called at ``now``."""
-        wait_start, wait_end = _last_wait
+        wait_start, wait_end = _last_wait[0], _last_wait[1]
+        due = _last_wait[2] if len(_last_wait) > 2 else wait_end  # (start, end) alone: due at the end
         blocked = wait_end - wait_start > WAIT_BLOCKED_S and wait_end >= self.host_end
         if blocked and now - wait_end <= self.hide_s:
-            begin = max(self.device_end, wait_end)  # the input arrived late: the device idled until then
+            # the input arrived late: the device idled until the link delivered it
+            begin = max(self.device_end, due)
         elif now - self.host_end <= self.hide_s:
             begin = self.device_end  # host overhead only: hidden under the previous op
         else:

@@ -369,3 +369,50 @@ def test_link_down_raises_on_both_sides_without_hanging():
     # Messages accepted before t=150 ms (every 20 ms) arrive, then both sides fail fast, in step.
     assert sender["trace"][0] == receiver["trace"][0] and 4 <= sender["trace"][0] <= 9
     assert sender["trace"][1] == receiver["trace"][1] == 3 and receiver["trace"][2] < 3.0
+
+
+def _hinted(rank: int, world: int, delay: float) -> dict:
+    """Rank 0 sends two messages hinted 1 ms and 50 ms into the past; rank 1 reports what it saw."""
+    import torch
+    import torch.distributed as dist
+
+    from titan_morph.pipelining.links import StaticDelays
+
+    emu = _emulator(rank, world, StaticDelays((delay,)), 2)
+    dist.barrier()
+    out: dict = {}
+    if rank == 0:
+        handles = []
+        for back_ms in (1.0, 50.0):
+            emu.hint_issue(time.monotonic() - back_ms / 1e3, max_early_ms=2.0)
+            called = emu.now_ms()
+            handles += emu.batch_p2p([_p2p(True, torch.full((8,), back_ms), 1)])
+            out[back_ms] = called
+        for h in handles:
+            h.wait(10.0)
+        with pytest.raises(ValueError, match="max_early_ms"):
+            emu.hint_issue(time.monotonic(), max_early_ms=-1.0)
+    else:
+        bufs = [torch.empty(8) for _ in range(2)]
+        handles = [emu.batch_p2p([_p2p(False, b, 0)])[0] for b in bufs]
+        for h in handles:
+            h.wait(10.0)
+        out["due_ms"] = [(h.due_s - emu.epoch) * 1e3 for h in handles]
+    emu.close()
+    out["records"] = emu.records()
+    return out
+
+
+def test_issue_hint_and_planned_delivery_reach_the_receiver():
+    """A hinted send is timed from the hint (at most max_early_ms back); the receiver learns the
+    planned delivery from the notice (record.planned, handle.due_s) for a device clock."""
+    sender, receiver = run_ranks(_hinted, 2, 20.0, timeout=60)
+    sends = sorted((r for r in sender["records"] if r.side == "send"), key=lambda r: r.seq)
+    recvs = sorted((r for r in receiver["records"] if r.side == "recv"), key=lambda r: r.seq)
+    first, second = sends
+    assert first.issued == pytest.approx(sender[1.0] - 1.0, abs=0.5)  # the hint, 1 ms back
+    assert sender[50.0] - 2.0 - 0.5 <= second.issued <= sender[50.0]  # bounded to 2 ms back
+    for s, r, due in zip(sends, recvs, receiver["due_ms"], strict=True):
+        assert s.planned == pytest.approx(s.accepted + 20.0)
+        assert r.planned == pytest.approx(s.planned, abs=1e-3) and due == pytest.approx(s.planned, abs=1e-3)
+        assert r.completed >= s.planned - 0.5

@@ -68,3 +68,30 @@ def test_bad_settings_name_the_value():
         DeviceClock(hide_host_gap_ms=-1)
     with pytest.raises(ValueError, match="fwd_ms"):
         StageTimes(-1, 1, 1)
+
+
+def test_blocked_wait_starts_the_op_at_the_link_models_delivery(clock, monkeypatch):
+    # waited 5.6 ms; the link model delivered at 10.0050 and the host saw it 1 ms later (emulator latency)
+    monkeypatch.setattr(testbed, "_last_wait", [10.0004, 10.0060, 10.0050])
+    assert clock.start(10.0061) == pytest.approx(10.0050)
+
+
+def test_delivery_hides_at_most_the_host_gap(clock, monkeypatch):
+    monkeypatch.setattr(testbed, "_last_wait", [10.0004, 10.0100, 10.0050])  # seen 5 ms after its delivery
+    assert clock.start(10.0101) == pytest.approx(10.0081)  # only 2 ms of that is hidden
+
+
+class _Rec:
+    side = "recv"
+
+
+class _Handle:
+    def __init__(self, due_s):
+        self.record, self.due_s = _Rec(), due_s
+
+
+def test_due_of_a_wait_is_its_latest_delivery_or_the_wait_end():
+    assert testbed._due([_Handle(1.0), _Handle(2.0)], 3.0) == 2.0
+    assert testbed._due([_Handle(1.0), _Handle(None)], 3.0) == 3.0  # one delivery unknown: the wait's end
+    assert testbed._due([_Handle(4.0)], 3.0) == 3.0  # never after the data was seen
+    assert testbed._due([object()], 3.0) == 3.0  # no emulated receive (torch's own works)

@@ -14,7 +14,9 @@ stages do). Sends are held on the sender: per (link, direction) a thread release
 the inner transport at its delivery time, so the receiver sees it ≈ ``accepted + c`` later.
 Receives are posted to the inner transport at once. Their ``wait`` first waits (bounded, in
 ``poll_s`` slices that re-check the model for a down link) for the sender's commit notice in the
-c10d store, written by the link thread as soon as the message is accepted, then blocks on the
+c10d store, written by the link thread as soon as the message is accepted (after releasing
+whatever is due, so a message due at once never waits for a store round trip; the notice also
+carries the planned delivery time, ``_RecvHandle.due_s``, for a device clock), then blocks on the
 inner work, which is then certain to complete at ≈ the delivery time (so the receiver observes
 the true arrival). This side channel exists because gloo cannot poll a receive:
 ``Work.is_completed`` stays False until ``wait``, a ``wait(timeout)`` that expires closes the pair
@@ -82,10 +84,12 @@ def sync_epoch(group: dist.ProcessGroup | None = None) -> float:
 class MessageRecord:
     """One emulated message as seen by one side; times are ms since the epoch.
 
-    Sender: ``issued`` (batch_p2p called), ``accepted`` (after head-of-line blocking), ``planned``
+    Sender: ``issued`` (batch_p2p called, or the earlier device time the caller hinted with
+    :meth:`EmulatedTransport.hint_issue`), ``accepted`` (after head-of-line blocking), ``planned``
     (= intended delivery, ``accepted + delay_ms`` or later for FIFO), ``released`` (handed to the
     inner transport), ``completed`` (its wait returned). Receiver: ``issued`` (recv posted),
-    ``notified`` (sender's commit notice seen), ``completed`` (data in the buffer, observed by wait).
+    ``planned`` (the sender's planned delivery, from its notice), ``notified`` (sender's commit
+    notice seen), ``completed`` (data in the buffer, observed by wait).
     Observed delay of message ``seq`` = receiver ``completed`` − sender ``accepted``.
     """
 
@@ -172,12 +176,9 @@ class _Sender(threading.Thread):
         owner = self.owner
         while (batch := self._next_batch()) is not None:
             announce, due = batch
-            for item in announce:
-                try:
-                    owner._notify(item.key, f"{item.value}:{item.record.nbytes}")
-                    owner._forget(self.link, self.direction, item.record.seq)
-                except BaseException as e:  # surfaced by the handle's wait()
-                    item.error = e
+            # Due messages go to the wire first: a notice costs a store round trip, and a message
+            # due now must not wait for it (its receiver is normally blocked on the notice already,
+            # and reads the data the moment the notice lands).
             for item in due:
                 try:
                     if item.error is None:
@@ -189,6 +190,15 @@ class _Sender(threading.Thread):
                     item.error = e
                 if item.error is not None:
                     item.record.status = "error"
+            for item in announce:
+                try:
+                    owner._notify(item.key, f"{item.value}:{item.record.nbytes}:{item.record.planned or 0.0:.4f}")
+                    owner._forget(self.link, self.direction, item.record.seq)
+                except BaseException as e:  # surfaced by the handle's wait()
+                    if not item.done.is_set():
+                        item.error = e
+                        item.record.status = "error"
+            for item in due:
                 item.done.set()
         self._fail_all(RuntimeError(f"EmulatedTransport closed before link {self.link} ({self.direction}) released"))
 
@@ -246,6 +256,9 @@ class _RecvHandle:
     ) -> None:
         self.owner, self.ops, self.handles, self.key, self.record = owner, ops, handles, key, record
         self._done = False
+        # When the link model delivers the message (time.monotonic() s), known once the sender's
+        # notice is read: a device clock (titan_morph.testbed) starts the consuming op then.
+        self.due_s: float | None = None
 
     def wait(self, timeout: float | None = None) -> bool:
         if self._done:
@@ -275,8 +288,11 @@ class _RecvHandle:
             else:
                 down_since = None
         rec.notified = owner.now_ms()
-        status, sent = value.split(":", 1)
+        status, sent, *planned = value.split(":")
         sent_bytes = int(sent)
+        if planned:  # the link model's delivery time, set by the sender
+            rec.planned = float(planned[0])
+            self.due_s = owner.epoch + rec.planned / 1e3
         if sent_bytes != rec.nbytes:
             rec.status = "error"
             raise RuntimeError(
@@ -398,6 +414,8 @@ class EmulatedTransport:
         # Sends not yet waited, kept alive: dropping a gloo Work before it completes cancels the send.
         self._unwaited: dict[int, _Outgoing] = {}
         self._closed = False
+        self._issue_hint: tuple[float, float] | None = None
+        self._last_issue: dict[tuple[int, str], float] = {}
         _live.add(self)
 
     # -- time base -------------------------------------------------------------------------
@@ -408,6 +426,18 @@ class EmulatedTransport:
     def set_step(self, step: int) -> None:
         """Current training step, read by step-keyed traces; call before each schedule step."""
         self.step = int(step)
+
+    def hint_issue(self, t_s: float, max_early_ms: float = 2.0) -> None:
+        """The sends of the next ``batch_p2p`` were logically issued at ``t_s`` (``time.monotonic()``).
+
+        A device clock (the synthetic testbed) calls this with the producing op's device end: on
+        a GPU the send is queued behind that op and leaves when it ends, while the host issues it
+        a little later. The link model then times the message from ``t_s``, but never more than
+        ``max_early_ms`` before the actual call (host latency beyond that stays visible).
+        """
+        if not (max_early_ms >= 0 and math.isfinite(max_early_ms)):
+            raise ValueError(f"max_early_ms must be a finite number of ms >= 0, got {max_early_ms}")
+        self._issue_hint = (float(t_s), float(max_early_ms))
 
     # -- store side channel ----------------------------------------------------------------
     def _key(self, link: int, direction: str, seq: int) -> str:
@@ -492,6 +522,7 @@ class EmulatedTransport:
         if not mine:
             return handles
         messages = group_by_link(mine, self.stage, self.num_stages)
+        hint, self._issue_hint = self._issue_hint, None
         with self._lock:
             t = self.now_ms()
             down = [k for k in messages if k[2] and math.isinf(self.links.delay_ms(k[0], k[1], t, self.step))]
@@ -506,14 +537,20 @@ class EmulatedTransport:
                 handles.append(_RecvHandle(self, mops, self.inner.batch_p2p(mops, desc), self._key(link, d, seq), rec))
             for (link, d, send), mops in messages.items():
                 if send:
-                    handles.append(self._issue_send(link, d, mops))
+                    handles.append(self._issue_send(link, d, mops, hint))
         return handles
 
-    def _issue_send(self, link: int, direction: str, ops: list[dist.P2POp]) -> _SendHandle:
+    def _issue_send(
+        self, link: int, direction: str, ops: list[dist.P2POp], hint: tuple[float, float] | None = None
+    ) -> _SendHandle:
         queue = self._queues.get((link, direction))
         if queue is None:
             queue = self._queues[(link, direction)] = LinkQueue(self.links, link, direction, self.depth)
         issued = self.now_ms()
+        if hint is not None:  # see hint_issue: bounded, and never before this link's previous send
+            t_ms, early_ms = (hint[0] - self.epoch) * 1e3, hint[1]
+            issued = max(min(issued, t_ms), issued - early_ms, self._last_issue.get((link, direction), -math.inf))
+        self._last_issue[(link, direction)] = issued
         try:
             timing = queue.send(issued, self.step)
         except LinkDownError as e:  # down at the (later) acceptance time

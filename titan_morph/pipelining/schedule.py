@@ -203,6 +203,11 @@ class _SendTimer:
         sched = self.schedule
         if sched._produced_at is not None and sched._current is not None and any(op.op is dist.isend for op in ops):
             sched._current.send_late_ms.append((time.monotonic() - sched._produced_at) * 1e3)
+            hint = getattr(self.inner, "hint_issue", None)
+            if sched._device_clock is not None and callable(hint):
+                # testbed: the send leaves when the producing op ends on the device (as a send
+                # queued behind a GPU kernel does), within the clock's host-gap bound
+                hint(sched._produced_at, sched._device_clock.hide_s * 1e3)
             sched._produced_at = None
         return self.inner.batch_p2p(ops, desc)
 
@@ -269,6 +274,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self._blocked_seen: dict[int, float] = {}
         self._wait_started: dict[tuple[int, str, int], float] = {}
         self._produced_at: float | None = None
+        self._device_clock: Any = None  # the testbed's DeviceClock of this stage, if padded
         stage = stages[0]
         self._is_last = stage.stage_index == stage.num_stages - 1
         self._exchange: StageExchange | None = None
@@ -449,6 +455,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
                 rec.compute_ms[op_kind] = rec.compute_ms.get(op_kind, 0.0) + (end - start) * 1e3
                 rec.op_ms.append((op_kind, mb_index, start, end))
                 clock = getattr(stage, "_titan_morph_clock", None)  # testbed: the op's device end
+                self._device_clock = clock
                 self._produced_at = clock.device_end if clock is not None else end
                 return out
 
