@@ -21,7 +21,11 @@ measured in the same run: ``morph/send_latency_ms`` (the producing op's device e
 issue: sleep overshoot, the runtime loop) + ``morph/latency_ms`` (the link model's delivery time
 to the arrival seen by a receiver already waiting: the emulator's link thread, store notices,
 gloo over TCP). The "delays + λ" column is the same simulation with λ added to every link's
-delay: the link model this host actually realises.
+delay: the link model this host would realise if λ reached the devices. It does not, mostly: as a
+GPU's NCCL would, the testbed's device clock starts the receiving op at the link model's delivery
+time (the emulator's notice carries it) and times each send from the producing op's device end
+(``EmulatedTransport.hint_issue``), hiding up to ``hide_host_gap_ms`` of λ per hop; so that column
+is an upper bound, and the plain prediction is the one to match.
 
     .venv/bin/python benchmarks/bench_testbed.py [--steps 12] [--skip 2] [--out table.md]
 
