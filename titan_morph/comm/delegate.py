@@ -59,7 +59,7 @@ import torch
 import torch.distributed as dist
 
 from titan_morph.comm import delegate_worker as wire
-from titan_morph.comm.emulator import CommTimeoutError, MessageRecord
+from titan_morph.comm.emulator import CommTimeoutError, MessageBook, MessageRecord
 from titan_morph.comm.shm import (
     CONSUMED,
     FILLED,
@@ -73,7 +73,7 @@ from titan_morph.comm.shm import (
     unlink_prefix,
     unpack,
 )
-from titan_morph.comm.transport import Handle, TorchTransport, group_by_link, op_nbytes
+from titan_morph.comm.transport import Handle, TorchTransport, group_by_link
 from titan_morph.pipelining.links import LinkModel, LinkQueue
 
 __all__ = ["DelegateError", "DelegateTransport"]
@@ -228,7 +228,7 @@ def _close_live() -> None:
             pass
 
 
-class DelegateTransport:
+class DelegateTransport(MessageBook):
     """The delegated data plane (see module docstring). Construct on every pipeline rank, same order.
 
     Args:
@@ -429,18 +429,6 @@ class DelegateTransport:
                 if send:
                     handles.append(self._send(link, d, mops))
         return handles
-
-    def _next(self, table: dict[tuple[int, str], int], link: int, direction: str) -> int:
-        seq = table.get((link, direction), 0)
-        table[(link, direction)] = seq + 1
-        return seq
-
-    def _new_record(self, side: str, link: int, direction: str, seq: int, ops: list[dist.P2POp]) -> MessageRecord:
-        peer = link + 1 if (side == "send") == (direction == "fwd") else link
-        rec = MessageRecord(side, link, direction, seq, op_nbytes(ops), self.step, peer, self.now_ms())
-        if self.record:
-            self._records.append(rec)
-        return rec
 
     def _segment_for(self, dg: _Delegate, nbytes: int) -> int:
         seg_id = dg.by_size.get(nbytes)

@@ -330,7 +330,24 @@ def _close_live_transports() -> None:
             pass
 
 
-class EmulatedTransport:
+class MessageBook:
+    """Per-(link, direction) sequence numbers and :class:`MessageRecord` bookkeeping shared by the
+    emulated and the delegated transports (needs ``step``, ``record``, ``_records``, ``now_ms``)."""
+
+    def _next(self, table: dict[tuple[int, str], int], link: int, direction: str) -> int:
+        seq = table.get((link, direction), 0)
+        table[(link, direction)] = seq + 1
+        return seq
+
+    def _new_record(self, side: str, link: int, direction: str, seq: int, ops: list[dist.P2POp]) -> MessageRecord:
+        peer = link + 1 if (side == "send") == (direction == "fwd") else link
+        rec = MessageRecord(side, link, direction, seq, op_nbytes(ops), self.step, peer, self.now_ms())  # type: ignore[attr-defined]
+        if self.record:  # type: ignore[attr-defined]
+            self._records.append(rec)  # type: ignore[attr-defined]
+        return rec
+
+
+class EmulatedTransport(MessageBook):
     """Wraps ``inner`` and delays pipeline messages per ``links`` (see module docstring).
 
     Args:
@@ -476,18 +493,6 @@ class EmulatedTransport:
                 self._send_store.delete_key(self._key(link, direction, seq - KEY_WINDOW))
 
     # -- issue path ------------------------------------------------------------------------
-    def _next(self, table: dict[tuple[int, str], int], link: int, direction: str) -> int:
-        seq = table.get((link, direction), 0)
-        table[(link, direction)] = seq + 1
-        return seq
-
-    def _new_record(self, side: str, link: int, direction: str, seq: int, ops: list[dist.P2POp]) -> MessageRecord:
-        peer = link + 1 if (side == "send") == (direction == "fwd") else link
-        rec = MessageRecord(side, link, direction, seq, op_nbytes(ops), self.step, peer, self.now_ms())
-        if self.record:
-            self._records.append(rec)
-        return rec
-
     def _sender(self, link: int, direction: str) -> _Sender:
         s = self._senders.get((link, direction))
         if s is None:
