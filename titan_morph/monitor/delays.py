@@ -1,0 +1,99 @@
+"""Per-link delivery delay from the stages' gathered step profiles.
+
+A message's delivery delay is the time from its acceptance on the sender's link (after any
+head-of-line blocking, so queueing is not mistaken for a slow wire) to its data being available
+at the receiver — the ``c_i`` of Eq. 1. Both stamps are on the common clock (clock offsets are
+estimated at start-up, :mod:`titan_morph.monitor.clock`), so no synchronized clocks are assumed.
+
+How arrival is observed, per message:
+
+* the transport stamps arrival itself (the delegate process on receipt; the link emulator's
+  receive watcher): an **exact** sample, whatever the training thread was doing;
+* otherwise only the training thread's wait is visible. If it began waiting before the message
+  was accepted, or the wait blocked for more than ``block_eps_ms``, the wait returned at the
+  arrival: **exact**. If the wait returned at once, the data was already there: the sample is
+  only an **upper bound** (the consumer was late, not the link).
+
+Detection (delay above tolerance) needs exact samples: a straggling link makes its consumer
+block, so they exist exactly when they matter. A bound below a threshold still proves a link
+healthy, which is what recovery needs.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from titan_morph.monitor.profile import MessageStamp, StepProfile
+
+__all__ = ["LinkEstimate", "estimate_links", "quantile"]
+
+
+@dataclass
+class LinkEstimate:
+    """One link's delivery delays in one step (both directions pooled), in ms."""
+
+    link: int
+    exact: list[float] = field(default_factory=list)
+    bounds: list[float] = field(default_factory=list)
+
+    @property
+    def delay_ms(self) -> float | None:
+        """Median of the exact samples; None when the step had none."""
+        return statistics.median(self.exact) if self.exact else None
+
+    @property
+    def upper_ms(self) -> float | None:
+        """What the step proves at most: the exact median, else the smallest upper bound."""
+        if self.exact:
+            return statistics.median(self.exact)
+        return min(self.bounds) if self.bounds else None
+
+    @property
+    def samples(self) -> int:
+        return len(self.exact) + len(self.bounds)
+
+
+def quantile(values: Iterable[float], q: float) -> float:
+    """Linear-interpolated quantile ``q`` in [0, 1] of non-empty ``values``."""
+    xs = sorted(values)
+    if not xs:
+        raise ValueError("quantile of no values")
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _sample(send: MessageStamp, recv: MessageStamp, block_eps_ms: float) -> tuple[float, bool] | None:
+    accepted = send.t1
+    if math.isnan(accepted):
+        return None
+    if not math.isnan(recv.t1):  # arrival stamped by the transport
+        return max(0.0, recv.t1 - accepted), True
+    waited, returned = recv.t2, recv.t3
+    if math.isnan(returned):
+        return None
+    blocked = not math.isnan(waited) and (waited <= accepted or returned - waited > block_eps_ms)
+    return max(0.0, returned - accepted), blocked
+
+
+def estimate_links(profiles: Iterable[StepProfile], num_stages: int, block_eps_ms: float = 1.0) -> list[LinkEstimate]:
+    """Per link (0..S-2), the step's delay samples matched send→receive by (path, link, direction, seq)."""
+    sends: dict[tuple[str, int, str, int], MessageStamp] = {}
+    recvs: list[MessageStamp] = []
+    for prof in profiles:
+        for m in prof.messages:
+            (sends.__setitem__(m.key, m) if m.side == "send" else recvs.append(m))
+    out = [LinkEstimate(link) for link in range(num_stages - 1)]
+    for recv in recvs:
+        send = sends.get(recv.key)
+        if send is None or not 0 <= recv.link < num_stages - 1:
+            continue
+        got = _sample(send, recv, block_eps_ms)
+        if got is not None:
+            value, exact = got
+            (out[recv.link].exact if exact else out[recv.link].bounds).append(value)
+    return out

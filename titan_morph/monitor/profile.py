@@ -1,0 +1,133 @@
+"""One stage's measurements of one step, as a fixed-size row of floats for the cross-rank exchange.
+
+The monitor all-gathers one row per stage after every step (one small collective on a CPU group,
+no external service: the paper used Redis). A row holds the stage's compute times per op kind and
+one entry per pipeline message it sent or received in the step. Times are ms on the common clock
+(the transport epoch corrected by this rank's clock offset, :mod:`titan_morph.monitor.clock`), so
+a receiver's arrival can be compared with the sender's acceptance on another host.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["MessageStamp", "StepProfile", "row_width", "encode", "decode", "PATHS"]
+
+PATHS = ("", "emulated", "delegate", "torch", "auto")  # MessageRecord.path codes
+_DIRS = ("fwd", "bwd")
+_KINDS = ("F", "I", "W", "B")
+_HEADER = 6 + 2 * len(_KINDS)  # stage, step, start, end, nrows, spare, (sum, count) per kind
+_MSG = 8  # side, path, link, dir, seq, t1, t2, t3
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class MessageStamp:
+    """One message as seen by one side; times in ms on the common clock.
+
+    Send: ``t1`` = accepted on the link (after any head-of-line blocking). Receive: ``t1`` =
+    arrival stamped by the transport independently of the consumer (NaN when it cannot, e.g.
+    plain torch.distributed), ``t2`` = when the training thread began waiting for it, ``t3`` =
+    when that wait returned.
+    """
+
+    side: str  # "send" | "recv"
+    path: str
+    link: int
+    direction: str
+    seq: int
+    t1: float = NAN
+    t2: float = NAN
+    t3: float = NAN
+
+    @property
+    def key(self) -> tuple[str, int, str, int]:
+        return (self.path, self.link, self.direction, self.seq)
+
+
+@dataclass
+class StepProfile:
+    """What stage ``stage`` measured in step ``step`` (ms on the common clock)."""
+
+    stage: int
+    step: int
+    start_ms: float
+    end_ms: float
+    compute: dict[str, tuple[float, int]] = field(default_factory=dict)  # kind -> (total ms, ops)
+    messages: list[MessageStamp] = field(default_factory=list)
+
+    @property
+    def busy_ms(self) -> float:
+        return sum(total for total, _ in self.compute.values())
+
+    def mean_ms(self, kind: str) -> float | None:
+        total, n = self.compute.get(kind, (0.0, 0))
+        return total / n if n else None
+
+
+def row_width(microbatches: int) -> int:
+    """Floats per stage row: room for 4 messages per microbatch (2 links x send/recv)."""
+    return _HEADER + _MSG * 4 * microbatches
+
+
+def encode(profile: StepProfile, microbatches: int) -> list[float]:
+    """Pack ``profile`` into ``row_width(microbatches)`` floats (messages beyond the room: error)."""
+    width = row_width(microbatches)
+    if len(profile.messages) > 4 * microbatches:
+        raise ValueError(
+            f"stage {profile.stage} recorded {len(profile.messages)} messages in step {profile.step}; "
+            f"a row holds {4 * microbatches} (4 per microbatch)"
+        )
+    row = [NAN] * width
+    row[:6] = [profile.stage, profile.step, profile.start_ms, profile.end_ms, len(profile.messages), 0.0]
+    for i, kind in enumerate(_KINDS):
+        total, n = profile.compute.get(kind, (0.0, 0))
+        row[6 + 2 * i : 8 + 2 * i] = [total, float(n)]
+    at = _HEADER
+    for m in profile.messages:
+        row[at : at + _MSG] = [
+            0.0 if m.side == "send" else 1.0,
+            float(PATHS.index(m.path) if m.path in PATHS else 0),
+            float(m.link),
+            float(_DIRS.index(m.direction)),
+            float(m.seq),
+            m.t1,
+            m.t2,
+            m.t3,
+        ]
+        at += _MSG
+    return row
+
+
+def decode(row: Sequence[float]) -> StepProfile:
+    """Inverse of :func:`encode`."""
+    stage, step, start, end, nrows = (row[i] for i in range(5))
+    compute = {}
+    for i, kind in enumerate(_KINDS):
+        total, n = row[6 + 2 * i], int(row[7 + 2 * i])
+        if n:
+            compute[kind] = (float(total), n)
+    messages = []
+    at = _HEADER
+    for _ in range(int(nrows)):
+        side, path, link, d, seq, t1, t2, t3 = row[at : at + _MSG]
+        messages.append(
+            MessageStamp(
+                "send" if side == 0 else "recv",
+                PATHS[int(path)],
+                int(link),
+                _DIRS[int(d)],
+                int(seq),
+                float(t1),
+                float(t2),
+                float(t3),
+            )
+        )
+        at += _MSG
+    return StepProfile(int(stage), int(step), float(start), float(end), compute, messages)
+
+
+def finite(x: float) -> bool:
+    return not math.isnan(x) and not math.isinf(x)

@@ -1,0 +1,68 @@
+"""New plans for detector decisions: Alg. 2 (+ the search) from measured times and delays.
+
+Stage times come from the profiles (median over a window of steps, so one noisy step does not
+move the plan), rounded to 0.1 ms so that every rank builds exactly the same cost model from the
+same gathered numbers. The search's budget is counted in estimated work, not wall time, so the
+plan is a pure function of its inputs (checked anyway by ``MorphSchedule.set_plan``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Sequence
+
+from titan_morph.monitor.profile import StepProfile
+from titan_morph.pipelining.builders import build
+from titan_morph.pipelining.model import CostModel, Plan
+
+__all__ = ["StageTimes", "adapted_plan"]
+
+
+class StageTimes:
+    """Rolling per-stage (F, B, W) medians, B being the input-gradient op (I, or a fused B)."""
+
+    def __init__(self, num_stages: int, fallback: Sequence[tuple[float, float, float]], window: int = 8) -> None:
+        if len(fallback) != num_stages:
+            raise ValueError(f"fallback needs {num_stages} (F, B, W) triples, got {len(fallback)}")
+        self.fallback = tuple(tuple(float(x) for x in t) for t in fallback)
+        self._seen: list[dict[str, deque[float]]] = [
+            {k: deque(maxlen=window) for k in "FBW"} for _ in range(num_stages)
+        ]
+
+    def add(self, profiles: Sequence[StepProfile]) -> None:
+        for prof in profiles:
+            seen = self._seen[prof.stage]
+            for kind, target in (("F", "F"), ("I", "B"), ("B", "B"), ("W", "W")):
+                mean = prof.mean_ms(kind)
+                if mean is not None:
+                    seen[target].append(mean)
+
+    def times(self) -> tuple[tuple[float, float, float], ...]:
+        out = []
+        for seen, fallback in zip(self._seen, self.fallback, strict=True):
+            triple = []
+            for j, kind in enumerate("FBW"):
+                xs = seen[kind]
+                triple.append(round(statistics.median(xs), 1) if xs else fallback[j])
+            out.append(tuple(max(t, 0.1) for t in triple))
+        return tuple(out)
+
+    def model(self, microbatches: int, delays: Sequence[float] | None = None, memory: int | None = None) -> CostModel:
+        times = self.times()
+        return CostModel(
+            len(times),
+            microbatches,
+            tuple(t[0] for t in times),
+            tuple(t[1] for t in times),
+            tuple(t[2] for t in times),
+            delays=tuple(delays) if delays is not None else (0.0,) * (len(times) - 1),
+            memory=memory,
+        )
+
+
+def adapted_plan(model: CostModel, *, search: bool, depth: int | None, budget_ms: float = 200.0) -> Plan:
+    """PipeMorph's plan for ``model``'s delays: Alg. 2, refined by the search when ``search``."""
+    if search:
+        return build("pipemorph", model, search=True, depth=depth, time_budget_ms=budget_ms)
+    return build("pipemorph", model)
