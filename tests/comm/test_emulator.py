@@ -102,6 +102,7 @@ def _delays(result: dict) -> list[tuple[object, float, float]]:
         if r.side == "recv":
             s = sends[(r.link, r.direction, r.seq)]
             assert r.status == "done" and s.released is not None and s.status in ("pending", "done")
+            assert r.path == s.path == "emulated" and r.arrived is not None and r.arrived <= r.completed
             assert s.nbytes == r.nbytes
             out.append(((r.link, r.direction, r.seq), s.planned - s.accepted, r.completed - s.accepted, s, r))
     return out
@@ -120,7 +121,9 @@ def _report(name: str, delays) -> list[float]:
     srt = sorted(errors)
     hold = sorted(s.released - s.planned for _m, _w, _o, s, _r in delays)
     data = sorted(r.completed - s.released for _m, _w, _o, s, r in delays)
-    for nm, v in (("sender release - planned", hold), ("receiver completion - release", data)):
+    seen = sorted(r.arrived - s.released for _m, _w, _o, s, r in delays)
+    named = (("sender release - planned", hold), ("receiver arrival - release", seen), ("completion - release", data))
+    for nm, v in named:
         print(f"  {nm}: median {statistics.median(v):.3f} max {v[-1]:.3f}")
     print(
         f"\n{name}: {len(errors)} msgs, delay error ms: min {srt[0]:.3f} median {statistics.median(srt):.3f} "

@@ -12,24 +12,30 @@ How it works. A *message* is the ops one ``batch_p2p`` call addresses to one (li
 (one microbatch's activations or gradients); both sides of a link group identically (torch's
 stages do). Sends are held on the sender: per (link, direction) a thread releases each message to
 the inner transport at its delivery time, so the receiver sees it ≈ ``accepted + c`` later.
-Receives are posted to the inner transport at once. Their ``wait`` first waits (bounded, in
-``poll_s`` slices that re-check the model for a down link) for the sender's commit notice in the
-c10d store, written by the link thread as soon as the message is accepted (after releasing
-whatever is due, so a message due at once never waits for a store round trip; the notice also
-carries the planned delivery time, ``_RecvHandle.due_s``, for a device clock), then blocks on the
-inner work, which is then certain to complete at ≈ the delivery time (so the receiver observes
-the true arrival). This side channel exists because gloo cannot poll a receive:
-``Work.is_completed`` stays False until ``wait``, a ``wait(timeout)`` that expires closes the pair
-to the peer, and a thread left blocked in a gloo wait aborts the process at exit. With it every
-wait is bounded and a send refused on a down link reaches the receiver as
+Receives are posted to the inner transport at once and queued, per (link, direction), on a
+*receive watcher* thread (started with the link's first receive) that completes them in posting
+order as they arrive, whether or not the consumer is waiting yet: it waits (in ``poll_s`` slices
+that re-check the model for a down link and the transport for ``close``) for the sender's commit
+notice in the c10d store, written by the link thread as soon as the message is accepted (after
+releasing whatever is due, so a message due at once never waits for a store round trip; the
+notice also carries the planned delivery time, ``_RecvHandle.due_s``, for a device clock), then
+blocks on the inner work, which is then certain to complete at ≈ the delivery time, and stamps
+``MessageRecord.arrived``: the true arrival, even while the training thread is busy elsewhere
+(issue 6: a straggler monitor measures per-link delivery delays from it). The handle's ``wait``
+waits (bounded) for the watcher and re-raises its error. The store side channel exists because
+gloo cannot poll a receive: ``Work.is_completed`` stays False until ``wait``, a ``wait(timeout)``
+that expires closes the pair to the peer, and a thread left blocked in a gloo wait aborts the
+process at exit (the watcher enters one only after the notice, and ``close`` joins it). With it
+every wait is bounded and a send refused on a down link reaches the receiver as
 :class:`LinkDownError` at once, never as a hang.
 
 Link down. A send whose link is down is refused with :class:`LinkDownError` at issue time (nothing
 of its batch is issued); its payload still goes out undelayed behind earlier messages, marked
 ``down``, so the receiver's posted receive is consumed (the wire stays in step for later traffic,
 e.g. when a trace brings the link back) and that receive raises :class:`LinkDownError`. A receive
-whose peer never issues the send gives up after ``down_grace_s`` if the model says the link is
-down (its gloo receive stays posted; the peer's later placeholder, if any, completes it).
+whose peer never issues the send gives up after its consumer waited ``down_grace_s`` on a link the
+model says is down (its gloo receive stays posted; the peer's later placeholder, if any, completes
+it).
 
 Time base: all ranks share ``epoch`` (a ``time.monotonic()`` value, see :func:`sync_epoch`); times
 handed to the link model are ms since the epoch, and step-keyed traces read :attr:`step`.
@@ -82,15 +88,22 @@ def sync_epoch(group: dist.ProcessGroup | None = None) -> float:
 
 @dataclass
 class MessageRecord:
-    """One emulated message as seen by one side; times are ms since the epoch.
+    """One pipeline message as seen by one side; times are ms since the transport's epoch.
 
     Sender: ``issued`` (batch_p2p called, or the earlier device time the caller hinted with
     :meth:`EmulatedTransport.hint_issue`), ``accepted`` (after head-of-line blocking), ``planned``
     (= intended delivery, ``accepted + delay_ms`` or later for FIFO), ``released`` (handed to the
     inner transport), ``completed`` (its wait returned). Receiver: ``issued`` (recv posted),
     ``planned`` (the sender's planned delivery, from its notice), ``notified`` (sender's commit
-    notice seen), ``completed`` (data in the buffer, observed by wait).
-    Observed delay of message ``seq`` = receiver ``completed`` − sender ``accepted``.
+    notice seen), ``arrived`` (the data was in this rank's receive path, stamped by the transport
+    itself — a receive watcher thread, a delegate — whether or not the consumer was waiting; None
+    where the transport cannot tell, e.g. plain torch.distributed), ``completed`` (the consumer's
+    wait observed it: later than ``arrived`` whenever the consumer was busy).
+    Delivery delay of message ``seq`` = receiver ``arrived`` − sender ``accepted`` (issue 6; the
+    observed delay is ``completed`` − ``accepted`` when the receiver was already waiting).
+    ``path``: the transport that carried it (``"emulated"``, ``"delegate"``, ``"torch"``); sequence
+    numbers count per path, (link, direction), so a send matches its receive by
+    (path, link, direction, seq).
     """
 
     side: str
@@ -106,8 +119,10 @@ class MessageRecord:
     delay_ms: float | None = None
     released: float | None = None
     notified: float | None = None
+    arrived: float | None = None
     completed: float | None = None
     status: str = "pending"  # pending | done | down | error
+    path: str = ""
 
     @property
     def blocked_ms(self) -> float:
@@ -249,7 +264,8 @@ class _SendHandle:
 
 
 class _RecvHandle:
-    """Completes when the data is in the buffer; raises LinkDownError/CommTimeoutError instead of hanging."""
+    """A posted receive: its watcher completes it (``_complete``), ``wait`` observes that; raises
+    the watcher's LinkDownError/RuntimeError, or CommTimeoutError, instead of hanging."""
 
     def __init__(
         self, owner: EmulatedTransport, ops: list[dist.P2POp], handles: list[Handle], key: str, record: MessageRecord
@@ -259,28 +275,53 @@ class _RecvHandle:
         # When the link model delivers the message (time.monotonic() s), known once the sender's
         # notice is read: a device clock (titan_morph.testbed) starts the consuming op then.
         self.due_s: float | None = None
+        self.settled = threading.Event()  # set by the watcher: data in the buffer, or ``error``
+        self.error: BaseException | None = None
+        self.wait_started: float | None = None  # first consumer wait (monotonic s): down-link grace
 
     def wait(self, timeout: float | None = None) -> bool:
         if self._done:
             return True
         owner, rec = self.owner, self.record
         bound = owner.timeout_s if timeout is None else timeout
-        deadline = time.monotonic() + bound
+        if self.wait_started is None:
+            self.wait_started = time.monotonic()
+        if not self.settled.wait(max(0.0, bound)):
+            rec.status = "error"
+            seen = "notice seen, data not in" if rec.notified is not None else "no notice from the sender"
+            raise CommTimeoutError(
+                f"receive of message {rec.seq} on link {rec.link} ({rec.direction}) from stage {rec.peer_stage} "
+                f"did not arrive within {bound:.3g} s (posted at {rec.issued:.1f} ms, step {rec.step}; {seen})"
+            )
+        if rec.arrived is not None and rec.completed is None:
+            rec.completed = owner.now_ms()
+        if self.error is not None:
+            raise self.error
+        self._done = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done
+
+    def _complete(self) -> None:
+        """Run by the link's watcher: wait for the sender's notice (in ``poll_s`` slices; gives up on
+        ``close``, or once the consumer has waited ``down_grace_s`` on a link the model says is
+        down), then for the data, which is then certain to come; stamp ``arrived``."""
+        owner, rec = self.owner, self.record
         down_since: float | None = None
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                rec.status = "error"
-                raise CommTimeoutError(
-                    f"receive of message {rec.seq} on link {rec.link} ({rec.direction}) from stage {rec.peer_stage} "
-                    f"did not arrive within {bound:.3g} s (posted at {rec.issued:.1f} ms, step {rec.step})"
+            if owner._closed:
+                raise RuntimeError(
+                    f"EmulatedTransport closed before message {rec.seq} on link {rec.link} ({rec.direction}) "
+                    f"arrived from stage {rec.peer_stage}"
                 )
-            value = owner._await_value(rec.link, rec.direction, self.key, min(owner.poll_s, remaining))
+            value = owner._await_value(rec.link, rec.direction, self.key, owner.poll_s)
             if value is not None:
                 break
             if math.isinf(owner.links.delay_ms(rec.link, rec.direction, owner.now_ms(), owner.step)):
                 down_since = time.monotonic() if down_since is None else down_since
-                if time.monotonic() - down_since >= owner.down_grace_s:
+                waiting = self.wait_started
+                if waiting is not None and time.monotonic() - max(down_since, waiting) >= owner.down_grace_s:
                     rec.status = "down"
                     raise LinkDownError(
                         rec.link, rec.direction, f": nothing arrived from stage {rec.peer_stage} (message {rec.seq})"
@@ -300,17 +341,48 @@ class _RecvHandle:
                 f"but this stage posted {rec.nbytes}; both sides must group ops into messages identically"
             )
         for h in self.handles:
-            h.wait(max(0.0, deadline - time.monotonic()))
-        rec.completed = owner.now_ms()
+            h.wait(owner.timeout_s)
+        rec.arrived = owner.now_ms()
         if status == "down":  # the sender refused it; its placeholder kept the wire in step
             rec.status = "down"
             raise LinkDownError(rec.link, rec.direction, f": stage {rec.peer_stage} could not send message {rec.seq}")
         rec.status = "done"
-        self._done = True
-        return True
 
-    def is_completed(self) -> bool:
-        return self._done
+
+class _RecvWatcher(threading.Thread):
+    """Completes one (link, direction)'s posted receives in posting order as their data arrives,
+    whatever the consumer is doing, so ``MessageRecord.arrived`` is the true arrival (issue 6)."""
+
+    def __init__(self, owner: EmulatedTransport, link: int, direction: str) -> None:
+        super().__init__(name=f"titan_morph-recv-link{link}-{direction}", daemon=True)
+        self.owner = owner
+        self.pending: deque[_RecvHandle] = deque()
+        self.cond = threading.Condition()
+
+    def put(self, handle: _RecvHandle) -> None:
+        with self.cond:
+            self.pending.append(handle)
+            self.cond.notify()
+
+    def stop(self) -> None:
+        """Wake an idle watcher after ``owner._closed`` was set (a busy one sees it within ``poll_s``)."""
+        with self.cond:
+            self.cond.notify()
+
+    def run(self) -> None:
+        owner = self.owner
+        while True:
+            with self.cond:
+                while not self.pending and not owner._closed:
+                    self.cond.wait()
+                if not self.pending:
+                    return
+                handle = self.pending.popleft()
+            try:
+                handle._complete()
+            except BaseException as e:  # re-raised by the consumer's wait()
+                handle.error = e
+            handle.settled.set()
 
 
 _instances = itertools.count()
@@ -332,7 +404,10 @@ def _close_live_transports() -> None:
 
 class MessageBook:
     """Per-(link, direction) sequence numbers and :class:`MessageRecord` bookkeeping shared by the
-    emulated and the delegated transports (needs ``step``, ``record``, ``_records``, ``now_ms``)."""
+    emulated, delegated and recorded transports (needs ``step``, ``record``, ``_records``,
+    ``now_ms`` and ``path``, the name its records carry)."""
+
+    path = ""
 
     def _next(self, table: dict[tuple[int, str], int], link: int, direction: str) -> int:
         seq = table.get((link, direction), 0)
@@ -341,7 +416,7 @@ class MessageBook:
 
     def _new_record(self, side: str, link: int, direction: str, seq: int, ops: list[dist.P2POp]) -> MessageRecord:
         peer = link + 1 if (side == "send") == (direction == "fwd") else link
-        rec = MessageRecord(side, link, direction, seq, op_nbytes(ops), self.step, peer, self.now_ms())  # type: ignore[attr-defined]
+        rec = MessageRecord(side, link, direction, seq, op_nbytes(ops), self.step, peer, self.now_ms(), path=self.path)  # type: ignore[attr-defined]
         if self.record:  # type: ignore[attr-defined]
             self._records.append(rec)  # type: ignore[attr-defined]
         return rec
@@ -368,6 +443,7 @@ class EmulatedTransport(MessageBook):
     """
 
     name = "emulated"
+    path = "emulated"
 
     def __init__(
         self,
@@ -422,6 +498,7 @@ class EmulatedTransport(MessageBook):
         self._lock = threading.Lock()  # issue path: queues, sequence numbers, records
         self._queues: dict[tuple[int, str], LinkQueue] = {}
         self._senders: dict[tuple[int, str], _Sender] = {}
+        self._watchers: dict[tuple[int, str], _RecvWatcher] = {}
         self._send_seq: dict[tuple[int, str], int] = {}
         self._recv_seq: dict[tuple[int, str], int] = {}
         if max_records < 1:
@@ -500,6 +577,13 @@ class EmulatedTransport(MessageBook):
             s.start()
         return s
 
+    def _watcher(self, link: int, direction: str) -> _RecvWatcher:
+        w = self._watchers.get((link, direction))
+        if w is None:
+            w = self._watchers[(link, direction)] = _RecvWatcher(self, link, direction)
+            w.start()
+        return w
+
     def _refuse(self, link: int, direction: str, ops: list[dist.P2POp], when: str) -> LinkDownError:
         """Refuse a send on a down link. Its payload still travels, undelayed and behind earlier
         messages, as a placeholder marked ``down``: the receiver's posted receive is consumed (no
@@ -539,7 +623,9 @@ class EmulatedTransport(MessageBook):
                     continue
                 seq = self._next(self._recv_seq, link, d)
                 rec = self._new_record("recv", link, d, seq, mops)
-                handles.append(_RecvHandle(self, mops, self.inner.batch_p2p(mops, desc), self._key(link, d, seq), rec))
+                handle = _RecvHandle(self, mops, self.inner.batch_p2p(mops, desc), self._key(link, d, seq), rec)
+                self._watcher(link, d).put(handle)
+                handles.append(handle)
             for (link, d, send), mops in messages.items():
                 if send:
                     handles.append(self._issue_send(link, d, mops, hint))
@@ -598,11 +684,14 @@ class EmulatedTransport(MessageBook):
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self, timeout: float | None = None, drain: bool = True) -> None:
-        """Release queued sends (``drain``) or drop them, stop the link threads, close ``inner``."""
+        """Release queued sends (``drain``) or drop them, stop the link threads and the receive
+        watchers (receives still outstanding then fail with RuntimeError), close ``inner``."""
         if self._closed:
             return
         self._closed = True
         deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
+        for w in self._watchers.values():
+            w.stop()
         for s in self._senders.values():
             s.stop(drain)
         stuck = []
@@ -612,6 +701,10 @@ class EmulatedTransport(MessageBook):
                 s.stop(drain=False)
                 s.join(1.0)
                 stuck.append(f"link {link} {d}")
+        for (link, d), w in self._watchers.items():  # each sees the flag within one poll_s
+            w.join(max(deadline - time.monotonic(), self.poll_s + 1.0))
+            if w.is_alive():
+                stuck.append(f"link {link} {d} (receive watcher)")
         if drain:  # sends nobody waited (e.g. placeholders of refused ones) must finish before teardown
             for item in list(self._unwaited.values()):
                 for h in item.handles:
@@ -621,11 +714,11 @@ class EmulatedTransport(MessageBook):
                         pass
         self._unwaited.clear()
         # Break owner<->thread cycles and drop the extra store clients now, not at interpreter exit.
-        self._senders = {}
+        self._senders, self._watchers = {}, {}
         self._recv_clients.clear()
         self.inner.close()
         if stuck:
-            raise CommTimeoutError(f"EmulatedTransport.close: queued sends not released in time on {', '.join(stuck)}")
+            raise CommTimeoutError(f"EmulatedTransport.close: threads not finished in time on {', '.join(stuck)}")
 
     def __enter__(self) -> EmulatedTransport:
         return self
