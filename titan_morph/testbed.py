@@ -119,6 +119,7 @@ class DeviceClock:
         self.device_end = -math.inf  # device end of the previous op
         self.host_end = -math.inf  # when the previous op returned to the host
         self.hidden_s = 0.0  # host time absorbed so far (diagnostics)
+        self.last_begin = -math.inf  # device start of the latest op (its profile, like a CUDA event)
 
     def start(self, now: float) -> float:
         """Device start of an op called at ``now``."""
@@ -138,7 +139,7 @@ class DeviceClock:
 
     def run(self, target_s: float, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``fn`` as one op of ``target_s`` device seconds."""
-        begin = self.start(time.monotonic())
+        begin = self.last_begin = self.start(time.monotonic())
         out = fn(*args, **kwargs)
         computed = time.monotonic()
         deadline = begin + target_s

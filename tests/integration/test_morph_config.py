@@ -60,6 +60,9 @@ BAD = [
     ({"detect_margin": -0.5}, "morph.detect_margin", ">= 0"),
     ({"recover_ratio": 0.0}, "morph.recover_ratio", "0 < recover_ratio <= 1"),
     ({"recover_ratio": 1.5}, "morph.recover_ratio", "0 < recover_ratio <= 1"),
+    ({"detect_min_ms": -1.0}, "morph.detect_min_ms", "finite number of ms >= 0"),
+    ({"adapt_memory_budget": 2}, "morph.adapt_memory_budget", "0 (no cap) or >= the pipeline degree (4)"),
+    ({"monitor": False}, "morph.adapt", "needs morph.monitor = true"),
     ({"memory_budget": "8"}, "morph.memory_budget", "must be of type int"),
     ({"adapt": "yes"}, "morph.adapt", "must be of type bool"),
     ({"plan_delays_ms": "0,x,0"}, "morph.plan_delays_ms", "not a number"),
@@ -213,3 +216,5 @@ def test_plan_delays_make_pipemorph_plan_for_them():
     searching = replace(base, plan_delays_ms="0,0,60", search=True, search_budget_ms=50)
     searched = initial_plan("pipemorph", searching, 4, 24)
     assert searched.model.delays == (0.0, 0.0, 60.0)
+    # no planned delays: the search would only shrink slackness (every such plan has the same makespan)
+    assert initial_plan("pipemorph", replace(base, search=True), 4, 24).warmup == plain.warmup

@@ -171,6 +171,20 @@ class Morph:
     """Re-plan at step boundaries when links turn slow or recover (Alg. 2); false keeps the initial
     plan (Alg. 1) for the whole run."""
 
+    monitor: bool = True
+    """Profile every step of titan_morph's schedules (PipeMorph, ZBH1, ZBH2, Morph1F1B): per-op
+    compute times and per-link delivery delays, exchanged over a CPU group and written to
+    TensorBoard (``morph/delay_ms/link<i>``...). Required by ``adapt``."""
+
+    detect_min_ms: float = 5.0
+    """Delays at or below this never count as slow, whatever the plan's tolerance (host and network
+    jitter; >= 0 ms)."""
+
+    adapt_memory_budget: int = 0
+    """In-flight microbatch cap of adapted plans when slow links are delegated (``transport`` auto or
+    delegate): 0 = none, the paper's §4.2 relaxation (activations may move to host memory). With
+    the default transport adapted plans keep ``memory_budget``. Else >= the pipeline degree."""
+
     inject: Inject = field(default_factory=Inject)
     synthetic: Synthetic = field(default_factory=Synthetic)
 
@@ -358,6 +372,16 @@ def validate_morph(morph: Morph, pp_degree: int | None = None) -> None:
     _at_least("morph.detect_margin", morph.detect_margin, 0.0, " (a fraction of the tolerance)")
     if not (0 < morph.recover_ratio <= 1):
         raise _fail("morph.recover_ratio", morph.recover_ratio, "must satisfy 0 < recover_ratio <= 1")
+    if not (morph.detect_min_ms >= 0 and math.isfinite(morph.detect_min_ms)):
+        raise _fail("morph.detect_min_ms", morph.detect_min_ms, "must be a finite number of ms >= 0")
+    if morph.adapt_memory_budget != 0 and morph.adapt_memory_budget < (pp_degree or 1):
+        raise _fail(
+            "morph.adapt_memory_budget",
+            morph.adapt_memory_budget,
+            f"must be 0 (no cap) or >= the pipeline degree ({pp_degree or 1})",
+        )
+    if morph.adapt and not morph.monitor:
+        raise _fail("morph.adapt", morph.adapt, "needs morph.monitor = true (adaptation acts on the monitor's data)")
 
     inj = morph.inject
     _choice("morph.inject.mode", inj.mode, INJECT_MODES)

@@ -3,7 +3,8 @@
 TorchTitan logs loss, throughput, memory... once per ``log_freq`` steps (TensorBoard is written by
 the first rank of the last stage). :class:`MorphMetricsProcessor` adds whatever the running
 schedule reports: a schedule may define ``tensorboard_metrics(step: int) -> dict[str, float]``
-(e.g. ``{"morph/iteration_ms": ..., "morph/plan_changes": ...}``). It is called on every rank at
+(e.g. ``{"morph/iteration_ms": ..., "morph/plan_changes": ...}``), and images from an optional
+``tensorboard_images(step) -> dict[str, HWC array]`` (the plan timeline after a re-plan). It is called on every rank at
 the same steps, but only the logging rank's values are written, so a schedule that wants other
 ranks' numbers must have gathered them itself (no collectives inside this call).
 """
@@ -31,6 +32,19 @@ class MorphMetricsProcessor(MetricsProcessor):
         if callable(report):
             extra.update(report(step))
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
+        images = getattr(self.schedule, "tensorboard_images", None)
+        if callable(images):
+            self._log_images(step, images(step))
+
+    def _log_images(self, step: int, images: dict[str, Any]) -> None:
+        """HWC arrays (e.g. the new plan's timeline) into TorchTitan's TensorBoard writer, if any."""
+        if not images:
+            return
+        for sink in getattr(self.logger, "_loggers", []):  # LoggerContainer's loggers
+            writer = getattr(sink, "writer", None)
+            if writer is not None and hasattr(writer, "add_image"):
+                for tag, img in images.items():
+                    writer.add_image(tag, img, step, dataformats="HWC")
 
 
 def build_morph_metrics_processor(

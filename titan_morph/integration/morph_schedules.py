@@ -17,6 +17,7 @@ measured times replace them when the monitor re-plans).
 
 from typing import Any
 
+import torch.distributed as dist
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from titan_morph.integration.config import (
@@ -61,14 +62,16 @@ def cost_model(morph: Any, stages: int, n_microbatches: int, *, memory: bool) ->
     )
 
 
-def make_transport(req: ScheduleRequest) -> Any | None:
+def make_transport(req: ScheduleRequest, *, monitored: bool = False) -> Any | None:
     """The emulated transport of ``[morph.inject]`` for this rank, or None (plain torch.distributed);
     with ``[morph] transport = "delegate"`` the delegated data plane (§5), which applies the
     injected delays inside its delegates and never blocks the training thread on the wire; with
     ``"auto"`` the default path, failing over per link to the delegates when a link goes down.
 
     With ``[morph] transport = "default"`` the emulated link blocks the sender once
-    ``link_queue_depth`` messages are in flight (NCCL's head-of-line blocking, §3.2).
+    ``link_queue_depth`` messages are in flight (NCCL's head-of-line blocking, §3.2). With no
+    injection and ``monitored``, plain torch.distributed P2P whose messages are stamped for the
+    monitor (:class:`~titan_morph.comm.recorded.RecordedTransport`).
     """
     morph = req.job_config.morph
     stage = req.stage
@@ -85,11 +88,18 @@ def make_transport(req: ScheduleRequest) -> Any | None:
         )
     if morph.transport not in ("default", "auto"):
         raise ValueError(f'[morph] transport must be "default", "delegate" or "auto", got {morph.transport!r}')
-    if links is None and morph.transport == "default":
-        return None
     from titan_morph.comm.emulator import EmulatedTransport, sync_epoch
     from titan_morph.comm.transport import TorchTransport
 
+    if links is None and morph.transport == "default":
+        if not monitored:
+            return None
+        from titan_morph.comm.recorded import RecordedTransport  # message stamps for the monitor
+
+        epoch = sync_epoch(stage.group)
+        return RecordedTransport(
+            TorchTransport(), stage=stage.stage_index, num_stages=stage.num_stages, group=stage.group, epoch=epoch
+        )
     epoch = sync_epoch(stage.group)
     primary = (
         TorchTransport()
@@ -142,8 +152,10 @@ def transport_depth(morph: Any) -> int | None:
 def initial_plan(family: str, morph: Any, stages: int, n_microbatches: int) -> Plan:
     """The plan a schedule starts with (same on every rank: a pure function of the config).
 
-    PipeMorph: Alg. 1 under ``memory_budget``; with ``plan_delays_ms``, Alg. 2 for those delays;
-    with ``search``, the simulator-guided search (for the configured transport's link queue) on top.
+    PipeMorph: Alg. 1 under ``memory_budget``; with ``plan_delays_ms``, Alg. 2 for those delays,
+    and with ``search`` the simulator-guided search (for the configured transport's link queue) on
+    top. Without planned delays the search is not applied: every plan with no delay has the same
+    makespan, and Alg. 1's maximal slackness is what absorbs stragglers until they are detected.
     """
     model = cost_model(morph, stages, n_microbatches, memory=family == "pipemorph")
     if family != "pipemorph":
@@ -151,7 +163,7 @@ def initial_plan(family: str, morph: Any, stages: int, n_microbatches: int) -> P
     delays = parse_plan_delays(morph.plan_delays_ms, stages - 1)
     if delays is not None:
         model = model.with_delays(delays)
-    if morph.search:
+    if morph.search and delays is not None:  # without known delays Alg. 1's max-min slackness stands
         return build(
             family,
             model,
@@ -162,6 +174,53 @@ def initial_plan(family: str, morph: Any, stages: int, n_microbatches: int) -> P
     return build(family, model)
 
 
+def attach_monitor(schedule: Any, family: str, morph: Any) -> None:
+    """Give ``schedule`` a :class:`~titan_morph.monitor.live.LiveMonitor` (collective: all ranks).
+
+    It measures every titan_morph schedule; it re-plans only PipeMorph with ``adapt``. Adapted
+    plans are searched for the delegated (non-blocking) path and, per §4.2, without the memory
+    cap (or under ``adapt_memory_budget``) when slow links are delegated (``auto``/``delegate``);
+    with the default transport they keep ``memory_budget`` and its blocking link queue.
+    """
+    from titan_morph.monitor.detect import DetectRule
+    from titan_morph.monitor.live import AdaptPolicy, LiveMonitor
+
+    stage = schedule._stages[0]
+    stages, n = stage.num_stages, schedule._n_microbatches
+    delegated = morph.transport in ("auto", "delegate")
+    if delegated:
+        memory = morph.adapt_memory_budget or None
+        depth = None
+    else:
+        memory, depth = morph.memory_budget or stages, morph.link_queue_depth
+    policy = AdaptPolicy(
+        enabled=morph.adapt and family == "pipemorph",
+        memory=memory,
+        search=morph.search,
+        search_budget_ms=morph.search_budget_ms,
+        depth=depth,
+        delegate_slow_links=morph.transport == "auto",
+    )
+    rule = DetectRule(
+        detect_steps=morph.detect_consecutive,
+        recover_steps=morph.recover_consecutive,
+        margin=morph.detect_margin,
+        recover_ratio=morph.recover_ratio,
+        floor_ms=morph.detect_min_ms,
+    )
+    fallback = stage_times(morph, stages) or ((1.0, 1.0, 1.0),) * stages
+    schedule.monitor = LiveMonitor(
+        stage=stage.stage_index,
+        num_stages=stages,
+        microbatches=n,
+        group=stage.group if stage.group is not None else dist.group.WORLD,
+        initial_plan=schedule.plan,
+        fallback_times=fallback,
+        rule=rule,
+        policy=policy,
+    )
+
+
 def _morph_builder(family: str):
     def build_schedule(req: ScheduleRequest) -> _PipelineSchedule:
         from titan_morph.pipelining.schedule import MorphSchedule
@@ -169,16 +228,19 @@ def _morph_builder(family: str):
         morph = req.job_config.morph
         plan = initial_plan(family, morph, req.stage.num_stages, req.n_microbatches)
         prepare_stage(req)
-        return MorphSchedule(
+        schedule = MorphSchedule(
             [req.stage],
             req.n_microbatches,
             req.loss_fn,
             plan=plan,
-            transport=make_transport(req),
+            transport=make_transport(req, monitored=morph.monitor),
             scale_grads=False,
             planned_depth=transport_depth(morph),
             predict=stage_times(morph, req.stage.num_stages) is not None,
         )
+        if morph.monitor and req.stage.num_stages > 1:
+            attach_monitor(schedule, family, morph)
+        return schedule
 
     build_schedule.__doc__ = f"titan_morph's {family} plan in MorphSchedule (one stage per rank)."
     return build_schedule

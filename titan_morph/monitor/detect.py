@@ -9,7 +9,8 @@ Per link, per step (paper §6, Eq. 1):
   (adapted) plan's tolerance, and for an **eased** one after ``recover_steps`` (m) steps whose
   planning delay is under half the planned one;
 * a slow link **recovers** after m consecutive steps whose delay (or upper bound, see
-  :mod:`titan_morph.monitor.delays`) is below ``recover_ratio`` × the initial plan's tolerance.
+  :mod:`titan_morph.monitor.delays`) is below ``recover_ratio`` × the initial plan's tolerance
+  (or ``floor_ms``, whichever is larger).
 
 The delay a plan is made for is the ``plan_quantile`` of the last k steps' exact samples, rounded
 up to ``quantum_ms`` so that small fluctuations do not re-plan. Everything here is deterministic:
@@ -56,7 +57,7 @@ class DetectRule:
         return max(tolerance_ms * (1.0 + self.margin), self.floor_ms)
 
     def recover_threshold(self, initial_tolerance_ms: float) -> float:
-        return self.recover_ratio * max(initial_tolerance_ms, self.floor_ms)
+        return max(self.recover_ratio * initial_tolerance_ms, self.floor_ms)
 
     def round_up(self, delay_ms: float) -> float:
         return math.ceil(delay_ms / self.quantum_ms - 1e-9) * self.quantum_ms
@@ -143,8 +144,8 @@ class Detector:
             state.eased = state.eased + 1 if target is not None and target < 0.5 * state.planned_ms else 0
             if state.healthy >= rule.recover_steps:
                 reasons.append(
-                    f"link {i} recovered: delay {upper:.1f} ms < {recover_at:.1f} ms ({rule.recover_ratio:g} x "
-                    f"initial tolerance) for {rule.recover_steps} steps"
+                    f"link {i} recovered: delay {upper:.1f} ms < {recover_at:.1f} ms (max of {rule.recover_ratio:g} x "
+                    f"initial tolerance, {rule.floor_ms:g} ms) for {rule.recover_steps} steps"
                 )
                 state.slow, state.planned_ms = False, 0.0
                 state.over = state.healthy = state.eased = 0

@@ -145,6 +145,7 @@ class LiveMonitor:
 
     def exchange(self, prof: StepProfile) -> list[StepProfile]:
         """All stages' profiles of this step (one all-gather of fixed-size float64 rows)."""
+        prof.sent_ms = self._common_ms(time.monotonic())
         mine = torch.tensor(encode(prof, self.microbatches), dtype=torch.float64)
         rows = [torch.empty(self.width, dtype=torch.float64) for _ in range(dist.get_world_size(self.group))]
         dist.all_gather(rows, mine, group=self.group)
@@ -160,7 +161,14 @@ class LiveMonitor:
         t0 = time.monotonic()
         self.step = record.step + 1  # TorchTitan counts steps from 1
         epoch = getattr(schedule.transport, "epoch", None)
-        self.profiles = self.exchange(self.profile(record, epoch))
+        prof = self.profile(record, epoch)
+        t_sent = time.monotonic()
+        self.profiles = self.exchange(prof)
+        t_gathered = time.monotonic()
+        # Waiting for the last stage to finish its step is not the monitor's cost (TorchTitan's
+        # grad-norm all-reduce waits for it anyway): count the exchange from the last arrival.
+        last_in = max(p.sent_ms for p in self.profiles)
+        exchange_ms = max(0.0, self._common_ms(t_gathered) - max(last_in, self._common_ms(t_sent)))
         self.times.add(self.profiles)
         self.estimates = estimate_links(self.profiles, self.num_stages)
         decision = self.detector.update(
@@ -171,7 +179,7 @@ class LiveMonitor:
             change = self._apply(schedule, decision)
         elif decision is not None:
             logger.warning("titan_morph: step %d: %s (adaptation off)", self.step, "; ".join(decision.reasons))
-        self.monitor_ms = (time.monotonic() - t0) * 1e3
+        self.monitor_ms = (t_sent - t0 + time.monotonic() - t_gathered) * 1e3 + exchange_ms
         return change
 
     def _apply(self, schedule: Any, decision: Decision) -> Change:
@@ -193,12 +201,14 @@ class LiveMonitor:
                 transport.restore(decision.recovered)
         delegated = self.delegated_links(transport)
         logger.warning(
-            "titan_morph: step %d: %s -> plan %s x=%s (planned delays %s ms, %.0f ms to plan), delegated links %s",
+            "titan_morph: step %d: %s -> plan %s x=%s (planned delays %s ms, measured F,B,W %s ms, %.0f ms to plan), "
+            "delegated links %s",
             self.step,
             "; ".join(decision.reasons),
             plan.plan_id,
             list(plan.warmup),
             [round(d, 1) for d in decision.delays_ms],
+            [list(t) for t in self.times.times()],
             replan_ms,
             list(delegated),
         )

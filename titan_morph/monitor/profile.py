@@ -18,7 +18,7 @@ __all__ = ["MessageStamp", "StepProfile", "row_width", "encode", "decode", "PATH
 PATHS = ("", "emulated", "delegate", "torch", "auto")  # MessageRecord.path codes
 _DIRS = ("fwd", "bwd")
 _KINDS = ("F", "I", "W", "B")
-_HEADER = 6 + 2 * len(_KINDS)  # stage, step, start, end, nrows, spare, (sum, count) per kind
+_HEADER = 6 + 2 * len(_KINDS)  # stage, step, start, end, nrows, sent_at, (sum, count) per kind
 _MSG = 8  # side, path, link, dir, seq, t1, t2, t3
 NAN = float("nan")
 
@@ -57,6 +57,7 @@ class StepProfile:
     end_ms: float
     compute: dict[str, tuple[float, int]] = field(default_factory=dict)  # kind -> (total ms, ops)
     messages: list[MessageStamp] = field(default_factory=list)
+    sent_ms: float = NAN  # when the stage entered the exchange (its overhead is measured from the last one)
 
     @property
     def busy_ms(self) -> float:
@@ -81,7 +82,7 @@ def encode(profile: StepProfile, microbatches: int) -> list[float]:
             f"a row holds {4 * microbatches} (4 per microbatch)"
         )
     row = [NAN] * width
-    row[:6] = [profile.stage, profile.step, profile.start_ms, profile.end_ms, len(profile.messages), 0.0]
+    row[:6] = [profile.stage, profile.step, profile.start_ms, profile.end_ms, len(profile.messages), profile.sent_ms]
     for i, kind in enumerate(_KINDS):
         total, n = profile.compute.get(kind, (0.0, 0))
         row[6 + 2 * i : 8 + 2 * i] = [total, float(n)]
@@ -103,7 +104,7 @@ def encode(profile: StepProfile, microbatches: int) -> list[float]:
 
 def decode(row: Sequence[float]) -> StepProfile:
     """Inverse of :func:`encode`."""
-    stage, step, start, end, nrows = (row[i] for i in range(5))
+    stage, step, start, end, nrows, sent = (row[i] for i in range(6))
     compute = {}
     for i, kind in enumerate(_KINDS):
         total, n = row[6 + 2 * i], int(row[7 + 2 * i])
@@ -126,7 +127,7 @@ def decode(row: Sequence[float]) -> StepProfile:
             )
         )
         at += _MSG
-    return StepProfile(int(stage), int(step), float(start), float(end), compute, messages)
+    return StepProfile(int(stage), int(step), float(start), float(end), compute, messages, float(sent))
 
 
 def finite(x: float) -> bool:

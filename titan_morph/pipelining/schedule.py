@@ -50,6 +50,10 @@ class StepRecord:
     # Per send: ms from the producing op's end (its device end on the testbed) to the send's issue.
     send_late_ms: list[float] = field(default_factory=list)
     failovers: int = 0  # links this rank has moved to the delegated path so far (``auto`` transport)
+    # The transport's raw MessageRecords of the step and, per (path, link, direction, seq), when the
+    # training thread began waiting for a receive (time.monotonic()): the monitor's inputs.
+    messages: list[Any] = field(default_factory=list)
+    waits: dict[tuple[str, int, str, int], float] = field(default_factory=dict)
 
     @property
     def busy_ms(self) -> float:
@@ -266,6 +270,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self.planned_depth = planned_depth
         self.predict = predict
         self.planned_makespan_ms: float | None = None
+        self.planned_bubble_rate: float | None = None
         self.plan_changes = 0
         self.records: list[StepRecord] = []
         self.max_records = 1000
@@ -275,6 +280,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self._wait_started: dict[tuple[int, str, int], float] = {}
         self._produced_at: float | None = None
         self._device_clock: Any = None  # the testbed's DeviceClock of this stage, if padded
+        self.monitor: Any = None  # titan_morph.monitor.live.LiveMonitor, attached by the builder
         stage = stages[0]
         self._is_last = stage.stage_index == stage.num_stages - 1
         self._exchange: StageExchange | None = None
@@ -305,9 +311,10 @@ class MorphSchedule(_PipelineScheduleRuntime):
         actions = to_actions(plan)
         self.pipeline_order = {rank: list(acts) for rank, acts in actions.items()}
         self._prepare_schedule_with_comms({rank: list(acts) for rank, acts in actions.items()})
-        from titan_morph.pipelining.simulate import makespan
+        from titan_morph.pipelining.simulate import simulate
 
-        self.planned_makespan_ms = makespan(model, plan.orders, depth=self.planned_depth)
+        planned = simulate(model, plan.orders, depth=self.planned_depth)
+        self.planned_makespan_ms, self.planned_bubble_rate = planned.makespan, planned.mean_bubble_rate
         previous, self.plan = self.plan, plan
         if previous is not plan and previous.plan_id != plan.plan_id:
             self.plan_changes += 1
@@ -351,10 +358,14 @@ class MorphSchedule(_PipelineScheduleRuntime):
         }
         if rec.planned_makespan_ms is not None:
             out["morph/planned_makespan_ms"] = rec.planned_makespan_ms
+        if self.planned_bubble_rate is not None:
+            out["morph/planned_bubble_rate"] = self.planned_bubble_rate
         for link, delta in enumerate(self.plan.slackness):
             out[f"morph/slackness/link{link}"] = float(delta)
         for link, ms in sorted(rec.blocked_ms.items()):
             out[f"morph/blocked_ms/link{link}"] = ms
+        if self.monitor is not None:
+            out.update(self.monitor.metrics(self))
         if not self._is_last:
             return out
         summaries = {self._stages[0].stage_index: rec.summary()}
@@ -384,6 +395,13 @@ class MorphSchedule(_PipelineScheduleRuntime):
             if predicted is not None:
                 out["morph/predicted_ms"] = predicted
         return out
+
+    def tensorboard_images(self, step: int) -> dict[str, Any]:
+        """``morph/plan_timeline``: the active plan's simulated timeline (HWC RGB), once per plan change."""
+        if self.monitor is None or not self._is_last:
+            return {}
+        img = self.monitor.timeline_image(self.plan)
+        return {} if img is None else {"morph/plan_timeline": img}
 
     def _predict(self, rec: StepRecord, first_start_s: float | None) -> float | None:
         """Simulated makespan of this step's plan under the transport's link model and depth."""
@@ -425,7 +443,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
             for handle in work:
                 rec = getattr(handle, "record", None)
                 if rec is not None and getattr(rec, "side", None) == "recv":
-                    started[(rec.link, rec.direction, rec.seq)] = now
+                    started[(getattr(rec, "path", "") or "", rec.link, rec.direction, rec.seq)] = now
             return inner_wait(work)
 
         schedules._wait_batch_p2p = _wait_batch_p2p
@@ -452,9 +470,11 @@ class MorphSchedule(_PipelineScheduleRuntime):
                 op_kind = kind
                 if name == "backward_one_chunk" and not kwargs.get("full_backward", True):
                     op_kind = "I"
+                clock = getattr(stage, "_titan_morph_clock", None)  # testbed: the op's device time
+                if clock is not None:  # what a CUDA event pair around the op would measure
+                    start, end = clock.last_begin, clock.device_end
                 rec.compute_ms[op_kind] = rec.compute_ms.get(op_kind, 0.0) + (end - start) * 1e3
                 rec.op_ms.append((op_kind, mb_index, start, end))
-                clock = getattr(stage, "_titan_morph_clock", None)  # testbed: the op's device end
                 self._device_clock = clock
                 self._produced_at = clock.device_end if clock is not None else end
                 return out
@@ -488,6 +508,9 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self._steps += 1
         if self._exchange is not None:
             self._exchange.publish(record.step, record.summary())
+        if self.monitor is not None:  # exchange, detect, maybe re-plan: before the next step starts
+            self.monitor.after_step(self, record)
+        record.messages = []  # consumed: keep the step records small
         return out
 
     def _take_messages(self, record: StepRecord) -> None:
@@ -497,12 +520,14 @@ class MorphSchedule(_PipelineScheduleRuntime):
         started, self._wait_started = self._wait_started, {}
         if not callable(take) or epoch is None:
             return
-        for msg in take():
-            key = f"{msg.link}/{msg.direction}/{msg.seq}"
+        record.messages, record.waits = list(take()), started
+        for msg in record.messages:
+            path = getattr(msg, "path", "") or ""
+            key = f"{msg.link}/{msg.direction}/{msg.seq}" + (f"/{path}" if path else "")
             if msg.side == "send" and msg.planned is not None:
                 record.sent[key] = msg.planned
             elif msg.side == "recv" and msg.completed is not None:
-                waited = started.get((msg.link, msg.direction, msg.seq))
+                waited = started.get((path, msg.link, msg.direction, msg.seq))
                 if waited is not None:
                     record.received[key] = ((waited - epoch) * 1e3, msg.completed)
 

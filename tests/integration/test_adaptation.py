@@ -1,0 +1,83 @@
+"""Live adaptation end to end (issue 6): 4 real ranks on the synthetic testbed, read back from TensorBoard.
+
+Link 2-3 turns slow (60 ms) at step 3 and recovers after step 5 (``train_configs/adapt_cpu.toml``
+with shorter windows). With k = 2 and m = 2 the monitor must: see the delay from step 3 on, decide
+after step 4 on every rank (PlanMismatchError otherwise), run the adapted plan with link 2 on the
+delegates from step 5, and return to the initial plan and the default path after 2 healthy steps.
+Iteration times are the benchmark's business (``benchmarks/bench_adaptation.py``), not asserted.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import REPO, torchrun
+
+CONFIG = REPO / "train_configs" / "adapt_cpu.toml"
+
+
+def _run(tmp_path, name: str, *extra: str, steps: int):
+    result = torchrun(4, tmp_path / name, "--training.steps", str(steps), *extra, config=CONFIG, timeout_s=400)
+    assert result.returncode == 0, f"{name} failed (exit {result.returncode}):\n{result.tail()}"
+    return result
+
+
+def test_detect_replan_delegate_and_recover(tmp_path, no_leftovers):
+    steps = 9
+    run = _run(
+        tmp_path,
+        "adapt",
+        "--morph.inject.start_step",
+        "3",
+        "--morph.inject.end_step",
+        "5",
+        "--morph.detect_consecutive",
+        "2",
+        "--morph.recover_consecutive",
+        "2",
+        steps=steps,
+    )
+    no_leftovers(tmp_path / "adapt")
+    all_steps = list(range(1, steps + 1))
+    delay = run.scalars("morph/delay_ms/link2")
+    assert sorted(delay) == all_steps, delay
+    assert all(delay[s] < 5 for s in (1, 2)), delay  # healthy link: gloo latency only
+    assert all(55 <= delay[s] <= 75 for s in (3, 4)), delay  # measured, not read from the emulator
+    for link in (0, 1):
+        assert max(run.scalars(f"morph/delay_ms/link{link}").values()) < 5
+
+    slow = run.scalars("morph/straggling/link2")
+    assert [slow[s] for s in all_steps][:4] == [0, 0, 0, 1], slow  # decided after step 4 (k = 2)
+    assert slow[steps] == 0, slow  # recovered
+    delegated = run.scalars("morph/delegated/link2")
+    assert delegated[4] == 1 and delegated[steps] == 0, delegated
+    assert set(run.scalars("morph/delegated/link0").values()) == {0.0}
+
+    plan = run.scalars("morph/plan_id")
+    assert plan[1] == plan[4] == plan[steps] and plan[5] != plan[1], plan  # adapted from step 5, then back
+    changes = run.scalars("morph/plan_changes")
+    assert changes[4] == 0 and changes[5] == 1 and changes[steps] == 2, changes
+    assert run.scalars("morph/decisions")[steps] == 2
+    assert 0 <= min(run.scalars("morph/bubble_rate").values()) < 1
+    for tag in ("morph/measured_makespan_ms", "morph/planned_makespan_ms", "morph/monitor_ms", "throughput(tps)"):
+        assert sorted(run.scalars(tag)) == all_steps, tag
+    planned = run.scalars("morph/planned_delay_ms/link2")
+    assert planned[4] >= 60 and planned[steps] == 0, planned
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    images = []
+    for folder in run.tb_dirs():
+        acc = EventAccumulator(folder, size_guidance={"images": 0})
+        acc.Reload()
+        if "morph/plan_timeline" in acc.Tags().get("images", []):
+            images += [ev.step for ev in acc.Images("morph/plan_timeline")]
+    assert images == [5, steps], images  # one timeline per plan change, logged at the step it ran
+    assert "link 2 slow: delay" in run.output and "link 2 recovered" in run.output
+
+
+@pytest.mark.slow
+def test_no_false_positives_over_100_quiet_steps(tmp_path):
+    run = _run(tmp_path, "quiet", "--morph.inject.mode", "none", steps=100)
+    assert set(run.scalars("morph/decisions").values()) == {0.0}
+    assert set(run.scalars("morph/plan_changes").values()) == {0.0}
+    assert max(max(run.scalars(f"morph/delay_ms/link{i}").values()) for i in range(3)) < 5
