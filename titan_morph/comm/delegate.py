@@ -5,7 +5,10 @@ free slot of a shared-memory ring (:mod:`titan_morph.comm.shm`), sets the slot's
 returns; a *delegate* subprocess (:mod:`titan_morph.comm.delegate_worker`) puts it on its own Gloo
 pair group. On the receiving rank a delegate eagerly receives into its own ring and raises READY;
 the receive handle's ``wait`` waits (bounded) for that and copies the bytes into the stage's
-receive buffer (the P2POp tensor).
+receive buffer (the P2POp tensor). The delegate's arrival time becomes ``MessageRecord.arrived``
+(issue 6): when the data was in this rank's receive path, however late the trainer consumes it —
+unless all ``slots`` of that size were still unconsumed, then the delegate held the payload on the
+wire until one was (back-pressure; the arrival then includes the consumer's lag).
 
 Multi-queue (§5.2): per (link, direction) a pool of K delegates (``delegates_per_link``). Message
 ``n`` of a (link, direction) goes to delegate ``n % K`` as its local message ``n // K`` on both
@@ -116,7 +119,8 @@ class _Delegate:
         self.segments: dict[int, Segment] = {}
         self.by_size: dict[int, int] = {}  # send side: message size -> segment id
         self.cursor: dict[int, int] = {}  # send side: next slot (mod nslots) per segment
-        self.arrived: dict[int, tuple[int, int, int]] = {}  # receive side: local seq -> (segment, slot, nbytes)
+        # receive side: local seq -> (segment, slot, nbytes, time.monotonic() when the delegate had it)
+        self.arrived: dict[int, tuple[int, int, int, float]] = {}
         self.lock = threading.Lock()
         self.failed = False
         self.buf = b""
@@ -191,7 +195,9 @@ class _RecvHandle:
             return True
         owner, dg, rec = self.owner, self.dg, self.record
         bound = owner.timeout_s if timeout is None else timeout
-        seg_id, slot, nbytes = owner._await_arrival(dg, self.local, bound, rec)
+        seg_id, slot, nbytes, t = owner._await_arrival(dg, self.local, bound, rec)
+        # the receive delegate's clock: CLOCK_MONOTONIC is shared by the processes of one host
+        rec.arrived = (t - owner.epoch) * 1e3
         tensors = [op.tensor for op in self.ops]
         offsets, total = layout(tensors)
         seg = dg.segments[seg_id]
@@ -245,6 +251,7 @@ class DelegateTransport(MessageBook):
     """
 
     name = "delegate"
+    path = "delegate"
     depth = None  # never blocks the caller on the wire (LinkQueue depth=None semantics)
 
     def __init__(
@@ -506,7 +513,9 @@ class DelegateTransport(MessageBook):
                 f"stage {self.stage}: delegate processes exited (code {code}) while {dg.describe()} was needed"
             )
 
-    def _await_arrival(self, dg: _Delegate, local: int, bound: float, rec: MessageRecord) -> tuple[int, int, int]:
+    def _await_arrival(
+        self, dg: _Delegate, local: int, bound: float, rec: MessageRecord
+    ) -> tuple[int, int, int, float]:
         deadline = time.monotonic() + bound
         with dg.lock:
             while local not in dg.arrived:
@@ -520,9 +529,9 @@ class DelegateTransport(MessageBook):
                         f"via {dg.describe()})"
                     )
                 got, dg.backlog = dg.backlog + dg.poll_records(0.0 if dg.backlog else min(remaining, 0.5)), []
-                for kind, a, b, c, d, _t in got:
+                for kind, a, b, c, d, t in got:
                     if kind == wire.MSG:
-                        dg.arrived[a] = (b, c, d)
+                        dg.arrived[a] = (b, c, d, t)
                     elif kind == wire.NEWSEG:
                         dg.segments[a] = Segment(f"{dg.prefix}d{a}", b, c, create=False)
                     elif kind == wire.ERROR:

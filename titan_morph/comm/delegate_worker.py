@@ -16,7 +16,9 @@ slow pair never blocks another.
   message's delivery time (the link emulator's ``accepted + c``, computed by the trainer's
   ``LinkQueue``), sends a header ``[seq, nbytes]`` and the payload, then sets FREED.
 * A receive delegate eagerly receives header and payload into a free slot of a segment it creates
-  for that size, sets READY and reports ``(seq, segment, slot, nbytes)`` on its record pipe.
+  for that size, sets READY and reports ``(seq, segment, slot, nbytes)`` on its record pipe with
+  the arrival time ``t`` (``time.monotonic()``: one host shares CLOCK_MONOTONIC with the trainer,
+  which stamps ``MessageRecord.arrived`` from it — independent of when the trainer consumes).
 
 Lifecycle: a delegate exits on STOP, on EOF of its command pipe, on SIGTERM, and when its parent
 dies (``PR_SET_PDEATHSIG`` plus polling ``getppid()``), unlinking every segment of its role prefix

@@ -16,6 +16,10 @@ transport, normally the link emulator) or through ``delegate`` (a
   primary. Both sides thus number the delegated messages of that direction identically from the
   first failed one on (the delegated path's per-link order), without restart. Each failover is
   counted (``failovers``) and logged.
+
+Records (issue 6): :meth:`take_records` returns both paths' :class:`MessageRecord` s, each naming
+its ``path``; sequence numbers count per path, so a send matches its receive by
+(path, link, direction, seq). Both transports share one ``epoch`` (t=0 of all their times).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from titan_morph.comm.emulator import MessageRecord
 from titan_morph.comm.transport import Handle, Transport, classify_op
 from titan_morph.pipelining.links import LinkDownError
 
@@ -78,7 +83,12 @@ class FailoverTransport:
         self._group_name = delegate.group.group_name
         # what MorphSchedule reads for predictions/metrics: the primary's link model
         self.links = getattr(primary, "links", None)
-        self.epoch = getattr(primary, "epoch", getattr(delegate, "epoch", None))
+        epochs = {float(e) for t in (primary, delegate) if (e := getattr(t, "epoch", None)) is not None}
+        if len(epochs) > 1:
+            raise ValueError(
+                f"FailoverTransport: primary and delegate must share one epoch (records' t=0), got {sorted(epochs)}"
+            )
+        self.epoch = epochs.pop() if epochs else None
         self.depth = getattr(primary, "depth", None)
         self.step = 0
 
@@ -158,6 +168,22 @@ class FailoverTransport:
             else:
                 handles.append(h)
         return handles
+
+    def _gather(self, method: str) -> list[MessageRecord]:
+        out: list[MessageRecord] = []
+        for t in (self.primary, self.delegate):
+            fn = getattr(t, method, None)
+            if callable(fn):
+                out += fn()
+        return out
+
+    def records(self) -> list[MessageRecord]:
+        """Snapshot (copies) of the primary's and the delegate's message records; see ``path``."""
+        return self._gather("records")
+
+    def take_records(self) -> list[MessageRecord]:
+        """The primary's and the delegate's records so far, then forget them (per-step metrics)."""
+        return self._gather("take_records")
 
     def blocked_ms(self) -> dict[int, float]:
         out: dict[int, float] = {}
