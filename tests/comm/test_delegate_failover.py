@@ -28,8 +28,9 @@ def _failover(rank: int, world: int) -> dict:
     from titan_morph.pipelining.links import TraceDelays, TraceEvent
 
     links = TraceDelays(1, (TraceEvent(3, 0, math.inf),), key="step")  # link 0 down from step 3 on
-    primary = EmulatedTransport(TorchTransport(), links, stage=rank, num_stages=world, depth=2, epoch=sync_epoch())
-    delegate = DelegateTransport(stage=rank, num_stages=world, links=links)
+    epoch = sync_epoch()  # one t=0 for both paths (FailoverTransport requires it)
+    primary = EmulatedTransport(TorchTransport(), links, stage=rank, num_stages=world, depth=2, epoch=epoch)
+    delegate = DelegateTransport(stage=rank, num_stages=world, links=links, epoch=epoch)
     bad = []
     with FailoverTransport(primary, delegate, stage=rank, num_stages=world) as tr:
         mine, theirs, peer = ("fwd", "bwd", 1) if rank == 0 else ("bwd", "fwd", 0)
