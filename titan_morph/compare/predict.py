@@ -1,0 +1,104 @@
+"""The simulator's prediction for a variant's run ("simulated" column), from the run's own config.
+
+Only where compute times are known (``[morph] stage_times_ms`` or the ``[morph.synthetic]``
+testbed): the plan the variant runs — built exactly as the runtime builds it — executed by
+``pipelining.simulate`` under the same ``[morph.inject]`` link model, with the transport's queue
+(default/auto: ``link_queue_depth`` messages in flight, §3.2; delegate: non-blocking, §5).
+PipeMorph with ``adapt`` is predicted with the plan adaptation converges to: Alg. 2 for the
+injected static delays, under the monitor's policy (slow links delegated with ``auto``: no memory
+cap unless ``adapt_memory_budget``, non-blocking). Time-varying links are simulated step by step
+(each step starting where the previous one ended, so without the host's gaps between steps: an
+estimate); an adaptive variant under them has no offline prediction (its runtime's
+``morph/predicted_ms`` is used).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from titan_morph.compare.configs import microbatches, pp_degree
+from titan_morph.compare.variants import Variant
+
+__all__ = ["simulated_ms"]
+
+_TORCH_FAMILIES = {"1F1B": "1f1b", "GPipe": "gpipe"}
+
+
+def adapted(variant: Variant, morph: Any, delays: tuple[float, ...] | None) -> bool:
+    """Whether the run's plan is the adapted one (PipeMorph re-planning for static delays)."""
+    return variant.schedule == "PipeMorph" and bool(morph.adapt) and delays is not None and any(d > 0 for d in delays)
+
+
+def _plan(
+    variant: Variant, morph: Any, stages: int, n: int, delays: tuple[float, ...] | None
+) -> tuple[Any, int | None]:
+    """(plan, link-queue depth to simulate it with), as the runtime and its monitor build them."""
+    from titan_morph.integration.morph_schedules import FAMILIES, cost_model, initial_plan, transport_depth
+    from titan_morph.pipelining.builders import build
+
+    if variant.torch_builtin:
+        return build(_TORCH_FAMILIES[variant.schedule], cost_model(morph, stages, n, memory=False)), transport_depth(
+            morph
+        )
+    family = FAMILIES[variant.schedule]
+    if not adapted(variant, morph, delays):
+        return initial_plan(family, morph, stages, n), transport_depth(morph)
+    # The monitor's policy (integration.morph_schedules.attach_monitor): with slow links delegated
+    # (auto/delegate) adapted plans drop the memory cap (or use adapt_memory_budget), non-blocking.
+    if morph.transport in ("auto", "delegate"):
+        memory, depth = (morph.adapt_memory_budget or None), None
+    else:
+        memory, depth = (morph.memory_budget or stages), morph.link_queue_depth
+    model = cost_model(morph, stages, n, memory=False).with_memory(memory).with_delays(delays or ())
+    if morph.search:
+        return build(family, model, search=True, depth=depth, time_budget_ms=morph.search_budget_ms), depth
+    return build(family, model), depth
+
+
+def simulated_ms(job_config: Any, variant: Variant, skip: int) -> tuple[float | None, str]:
+    """(median simulated step makespan over steps > ``skip``, note); (None, why) when unavailable."""
+    from titan_morph.integration.config import link_model_from_config
+    from titan_morph.integration.morph_schedules import stage_times
+    from titan_morph.pipelining.links import LinkDownError, StaticDelays, parse_delays
+    from titan_morph.pipelining.simulate import simulate
+
+    morph = job_config.morph
+    stages = pp_degree(job_config)
+    if stages < 2:
+        return None, "no pipeline"
+    if stage_times(morph, stages) is None:
+        return None, "compute times unknown (not the synthetic testbed, no stage_times_ms)"
+    steps = int(job_config.training.steps)
+    links = link_model_from_config(morph.inject, stages - 1, steps=steps)
+    inject = morph.inject
+    static = inject.mode in ("none", "static")
+    delays = None
+    if static:
+        delays = (0.0,) * (stages - 1) if links is None else parse_delays(inject.delays_ms, stages - 1)
+    if variant.adapt and variant.schedule == "PipeMorph" and not static:
+        return None, "adaptive under time-varying links: see the runtime's morph/predicted_ms"
+    if delays is not None and any(math.isinf(d) for d in delays):
+        return None, "a link is down"
+    plan, depth = _plan(variant, morph, stages, microbatches(job_config), delays)
+    model = plan.model.with_delays((0.0,) * (stages - 1))
+    if links is None:
+        links = StaticDelays.zeros(stages - 1)
+    values: list[float] = []
+    t0 = 0.0
+    # Static links: every step after warm-up is the same; one simulated step stands for them all.
+    first = max(skip + 1, inject.start_step)
+    measured_steps = range(first, first + 1) if static else range(1, steps + 1)
+    try:
+        for step in measured_steps:
+            span = simulate(model, plan.orders, links=links, depth=depth, step=step, t0=t0).makespan
+            t0 += span
+            if step > skip:
+                values.append(span)
+    except LinkDownError as err:
+        return None, f"link down: {err}"
+    if not values:
+        return None, "no steps after warm-up"
+    note = "static links" if static else "time-varying links, step by step (no host gaps between steps)"
+    return statistics.median(values), note

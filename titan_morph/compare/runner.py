@@ -1,0 +1,271 @@
+"""One variant under one case: a bounded ``torchrun -m titan_morph.train`` job and its outcome.
+
+Each job runs in its own process group with its output in ``<run dir>/train.log``; on timeout or
+Ctrl-C the whole group is killed. The outcome (exit code, wall time, the first error line, the
+step it failed at) is written to ``<run dir>/outcome.json`` so reports can be regenerated later.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "Outcome",
+    "run_command",
+    "run_job",
+    "error_line",
+    "load_outcome",
+    "marked_processes",
+    "OUTCOME_FILE",
+    "LOG_FILE",
+    "MARKER_ENV",
+]
+
+OUTCOME_FILE = "outcome.json"
+LOG_FILE = "train.log"
+MARKER_ENV = "TITAN_MORPH_COMPARE_RUN"
+"""Set (to the run folder) in every job's environment: inherited by its ranks and their delegate
+processes, so the harness can find whatever a job leaves behind and stop only its own processes."""
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "titan_morph_"
+_TOKEN_RE = re.compile(r"--run=([0-9a-f]+)")
+_STEP_RE = re.compile(r"\bstep:\s*(\d+)\s")
+_ERR_RE = re.compile(r"^(?:\s*\[rank\d+\]:)*\s*((?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception))):\s?(.*)$")
+_CONFIG_ERR_RE = re.compile(r"titan_morph: configuration error: (.*)$")
+# Secondary failures: a peer crashed, so this rank lost its connection / the launcher reports it.
+_SECONDARY = ("ChildFailedError", "Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+@dataclass
+class Outcome:
+    """How a job ended; ``failed_step`` is the first step that did not complete (None if it passed)."""
+
+    variant: str
+    case: str
+    command: list[str]
+    returncode: int | None
+    seconds: float
+    timed_out: bool = False
+    error: str = ""
+    failed_step: int | None = None
+    last_step: int = 0
+    leftover_pids: list[int] = field(default_factory=list)
+    """Processes of the job still alive after it ended (then killed by the harness)."""
+    leftover_segments: list[str] = field(default_factory=list)
+    """Its /dev/shm segments still present after its processes were gone (then removed)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def status(self) -> str:
+        """ "ok", or "failed at step k: <error line>" for the table."""
+        if self.ok:
+            return "ok"
+        where = f"step {self.failed_step}" if self.failed_step else "start-up"
+        if self.timed_out:
+            return f"timed out at {where} after {self.seconds:.0f} s"
+        return f"failed at {where}: {self.error or f'exit code {self.returncode}'}"
+
+
+def run_command(
+    config: Path, dump: Path, nproc: int, steps: int, overrides: Sequence[str], python: str = sys.executable
+) -> list[str]:
+    """The torchrun command of one job (standalone rendezvous: a free port per job)."""
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "--role",
+        "rank",
+        "--tee",
+        "3",
+        "-m",
+        "titan_morph.train",
+        "--job.config_file",
+        str(config),
+        "--job.dump_folder",
+        str(dump),
+        "--training.steps",
+        str(steps),
+        *overrides,
+    ]
+
+
+def error_line(log: str) -> str:
+    """The most telling error of a failed job's output: the first exception that is not a peer's
+    lost connection or the launcher's summary; module paths are dropped (``LinkDownError: ...``)."""
+    config = _CONFIG_ERR_RE.search(log)
+    if config:
+        return f"configuration error: {config.group(1).strip()}"
+    primary, secondary = [], []
+    for line in log.splitlines():
+        match = _ERR_RE.match(line)
+        if not match:
+            continue
+        text = f"{match.group(2)}: {match.group(3).strip()}".rstrip(": ")
+        (secondary if any(s in line for s in _SECONDARY) else primary).append(text)
+    found = primary or secondary
+    return found[0][:300] if found else ""
+
+
+def last_logged_step(log: str) -> int:
+    """The last ``step: k`` TorchTitan logged (0 if none)."""
+    steps = [int(m.group(1)) for m in _STEP_RE.finditer(log)]
+    return max(steps, default=0)
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def marked_processes(value: str) -> list[tuple[int, str]]:
+    """(pid, command line) of live processes whose environment has ``MARKER_ENV=value``."""
+    needle = f"{MARKER_ENV}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            if needle not in environ.split(b"\0"):
+                continue
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if stat.rsplit(") ", 1)[-1].startswith("Z"):
+            continue  # exited, not yet reaped
+        found.append((int(entry), cmd))
+    return found
+
+
+def _segments(tokens: set[str]) -> list[str]:
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    return sorted(n for n in names if any(n.startswith(f"{SHM_PREFIX}{t}") for t in tokens))
+
+
+def _clean_up(marker: str, tokens: set[str], grace_s: float) -> tuple[list[int], list[str]]:
+    """Wait up to ``grace_s`` for the job's processes and segments to go; stop/remove what stays."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        procs, segs = marked_processes(marker), _segments(tokens)
+        if (not procs and not segs) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    pids = [pid for pid, _ in procs]
+    for pid in pids:  # ours: they carry this job's marker
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if pids:
+        time.sleep(0.5)
+    segs = _segments(tokens)
+    for name in segs:
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+        except OSError:
+            pass
+    return pids, segs
+
+
+def prepare_run_dir(dump: Path) -> None:
+    """Start from an empty run folder (a re-run must not stack TensorBoard events on old ones)."""
+    if dump.exists():
+        shutil.rmtree(dump)
+    dump.mkdir(parents=True)
+
+
+def run_job(
+    command: list[str], dump: Path, *, variant: str, case: str, timeout_s: float, env: dict[str, str] | None = None
+) -> Outcome:
+    """Run ``command`` (from :func:`run_command`) with its output in ``dump/train.log``; never raises
+    for a failing job (the outcome says how it ended), only for Ctrl-C after killing it."""
+    prepare_run_dir(dump)
+    marker = str(dump)
+    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), MARKER_ENV: marker}
+    child_env.setdefault("OMP_NUM_THREADS", "1")
+    child_env.pop("TITAN_MORPH_RUN_ID", None)
+    log_path = dump / LOG_FILE
+    start = time.monotonic()
+    timed_out = False
+    with open(log_path, "w") as log:
+        log.write("$ " + shlex.join(command) + "\n")
+        log.flush()
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=child_env)
+        tokens: set[str] = set()  # delegate run tokens (their shared-memory segments carry them)
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=min(1.0, max(0.0, start + timeout_s - time.monotonic())))
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() - start >= timeout_s:
+                        raise
+                for _, cmd in marked_processes(marker):
+                    tokens.update(_TOKEN_RE.findall(cmd))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+        except BaseException:
+            _kill_group(proc)
+            _clean_up(marker, tokens, grace_s=5.0)
+            raise
+        finally:
+            if proc.poll() is None:
+                _kill_group(proc)
+    seconds = time.monotonic() - start
+    leftover_pids, leftover_segments = _clean_up(marker, tokens, grace_s=10.0)
+    text = log_path.read_text(errors="replace")
+    last = last_logged_step(text)
+    ok = proc.returncode == 0 and not timed_out
+    outcome = Outcome(
+        variant=variant,
+        case=case,
+        command=command,
+        returncode=proc.returncode,
+        seconds=round(seconds, 1),
+        timed_out=timed_out,
+        error="" if ok else (error_line(text) or ("" if timed_out else f"exit code {proc.returncode}")),
+        failed_step=None if ok else last + 1,
+        last_step=last,
+        leftover_pids=leftover_pids,
+        leftover_segments=leftover_segments,
+    )
+    (dump / OUTCOME_FILE).write_text(json.dumps(asdict(outcome), indent=2) + "\n")
+    return outcome
+
+
+def load_outcome(dump: Path) -> Outcome | None:
+    """The saved outcome of a run folder, or None when the job never finished writing it."""
+    path = dump / OUTCOME_FILE
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return Outcome(**data)
