@@ -27,7 +27,7 @@ from titan_morph.compare.results import RunSummary
 from titan_morph.compare.runner import MARKER_ENV, Outcome, error_line, marked_processes
 from titan_morph.compare.scenarios import SCENARIOS, ScenarioError, expand, get_scenario
 from titan_morph.compare.tables import case_table
-from titan_morph.compare.variants import DEFAULT_VARIANTS, UnknownVariantError, parse_variants
+from titan_morph.compare.variants import DEFAULT_VARIANTS, VARIANTS, UnknownVariantError, parse_variants
 
 CONFIG = REPO / "train_configs" / "synthetic_cpu.toml"
 
@@ -123,17 +123,19 @@ def test_variants_defaults_names_and_overrides() -> None:
         parse_variants("ZBH2,zbh2")
 
 
-def test_every_scenario_resolves_for_every_default_variant() -> None:
-    """TorchTitan's parser and [morph] validation accept every run the harness would launch."""
-    for name, scenario in SCENARIOS.items():
-        for case in expand(name, 3):
-            for variant in parse_variants(None):
-                cfg = resolve_job_config(CONFIG, ["--training.steps", "5", *variant.overrides, *case.overrides])
-                assert cfg.parallelism.pipeline_parallel_schedule == variant.schedule
-                assert cfg.morph.transport == variant.transport and cfg.morph.adapt == variant.adapt
-                assert cfg.morph.inject.start_step == 1, (name, case.name)
-                if scenario.name.startswith("fig18"):
-                    assert cfg.morph.inject.links == "" and cfg.morph.inject.random_mean_ms == 30.0
+def test_every_scenario_and_variant_resolves() -> None:
+    """TorchTitan's parser and [morph] validation accept every case and every variant's overrides."""
+    cases = [(name, case) for name in SCENARIOS for case in expand(name, 3)]
+    (last_link,) = expand("last-link-60ms", 3)
+    pairs = [(name, case, parse_variants("PipeMorph")[0]) for name, case in cases]
+    pairs += [("last-link-60ms", last_link, variant) for variant in parse_variants(",".join(VARIANTS))]
+    for name, case, variant in pairs:
+        cfg = resolve_job_config(CONFIG, ["--training.steps", "5", *variant.overrides, *case.overrides])
+        assert cfg.parallelism.pipeline_parallel_schedule == variant.schedule
+        assert cfg.morph.transport == variant.transport and cfg.morph.adapt == variant.adapt
+        assert cfg.morph.inject.start_step == 1, (name, case.name)
+        if name.startswith("fig18"):
+            assert cfg.morph.inject.links == "" and cfg.morph.inject.random_mean_ms == 30.0
 
 
 def test_bad_override_is_one_clear_error() -> None:
