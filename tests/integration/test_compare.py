@@ -26,7 +26,7 @@ from titan_morph.compare.configs import ComparisonError, resolve_job_config
 from titan_morph.compare.results import RunSummary
 from titan_morph.compare.runner import MARKER_ENV, Outcome, error_line, marked_processes
 from titan_morph.compare.scenarios import SCENARIOS, ScenarioError, expand, get_scenario
-from titan_morph.compare.tables import case_table
+from titan_morph.compare.tables import case_table, sweep_table
 from titan_morph.compare.variants import DEFAULT_VARIANTS, VARIANTS, UnknownVariantError, parse_variants
 
 CONFIG = REPO / "train_configs" / "synthetic_cpu.toml"
@@ -215,6 +215,18 @@ def test_case_table_speedups_and_failures() -> None:
     assert "| 1F1B | 2000.0† |" in table and "failed at step 5: LinkDownError: x" in table
     pipemorph = next(line for line in lines if line.startswith("| PipeMorph |"))
     assert "| — | 1.50× |" in pipemorph  # no speedup against a failed run; 1500 / 1000 vs ZBH2
+
+
+def test_sweep_table_ratios_to_the_target_and_to_no_delay() -> None:
+    cases = [
+        [_row("ZBH2", 750.0), _row("PipeMorph", 750.0)],
+        [_row("ZBH2", 1600.0), _row("PipeMorph", 800.0)],
+    ]
+    table = sweep_table(["0 ms", "60 ms"], cases, {"ZBH2": 750.0, "PipeMorph": 750.0}, "0 ms")
+    header, _, zero, sixty = table.splitlines()
+    assert header == "| case | ZBH2 ms | PipeMorph ms | ZBH2 / PipeMorph | ZBH2 / 0 ms | PipeMorph / 0 ms |"
+    assert zero == "| 0 ms | 750.0 | 750.0 | 1.00× | 1.00× | 1.00× |"
+    assert sixty == "| 60 ms | 1600.0 | 800.0 | 2.00× | 2.13× | 1.07× |"
 
 
 # ------------------------------------------------------------------ end to end (torchrun jobs)

@@ -135,13 +135,16 @@ def render_comparison(
         fig = _figure(png, link_base, figures, name)
         if fig:
             lines += [fig, ""]
-    reference = _reference(meta, scenario_dir)
+    reference, ref_label = _reference(meta, scenario_dir), "no delay"
+    zero = next((rows for c, rows in cases if c.get("x") == 0), None)
+    if reference is None and zero is not None and len(cases) > 1:  # a sweep's own 0 ms case (Fig. 15)
+        reference, ref_label = {r.variant: r.step_ms for r in zero if r.ok and r.step_ms is not None}, "0 ms"
     if len(cases) > 1 or reference:
         labels = [c["label"] for c, _ in cases]
         lines += [
             "**Summary** (median step ms; ratios of step times)",
             "",
-            sweep_table(labels, [rows for _, rows in cases], reference, "no delay"),
+            sweep_table(labels, [rows for _, rows in cases], reference, ref_label),
             "",
         ]
         if len(cases) > 1:
