@@ -77,6 +77,7 @@ class FailoverTransport:
         self.primary, self.delegate = primary, delegate
         self.stage, self.num_stages = stage, num_stages
         self.delegated: set[tuple[int, str]] = set()
+        self.switched: set[tuple[int, str]] = set()  # delegated by switch() (not by a failure)
         self.failovers = 0
         self.failover_log: list[tuple[int, int, str, str]] = []  # (step, link, direction, why)
         self._pending: dict[tuple[int, str], list[_Recv]] = {}
@@ -106,12 +107,27 @@ class FailoverTransport:
             for d in ("fwd", "bwd"):
                 if self._pending.get((link, d)):
                     raise RuntimeError(f"switch(link {link}) with {d} receives outstanding: switch between steps only")
+                if (link, d) not in self.delegated:
+                    self.switched.add((link, d))
                 self.delegated.add((link, d))
+
+    def restore(self, links: list[int] | set[int]) -> None:
+        """Move ``links`` that :meth:`switch` delegated back to the primary (a recovered straggler);
+        call between steps on every rank. Directions that failed over (link down) stay delegated:
+        nothing shows that the failed path works again."""
+        for link in links:
+            if not 0 <= link < self.num_stages - 1:
+                raise ValueError(f"link must be in 0..{self.num_stages - 2}, got {link}")
+            for d in ("fwd", "bwd"):
+                if (link, d) in self.switched:
+                    self.switched.discard((link, d))
+                    self.delegated.discard((link, d))
 
     def _fail_over(self, key: tuple[int, str], why: str) -> None:
         if key in self.delegated:
             return
         self.delegated.add(key)
+        self.switched.discard(key)  # a failed path stays delegated, even after a restore()
         self.failovers += 1
         self.failover_log.append((self.step, key[0], key[1], why))
         logger.warning(
