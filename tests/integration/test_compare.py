@@ -202,19 +202,25 @@ def test_error_line_prefers_the_root_cause() -> None:
     assert error_line("all fine\n") == ""
 
 
-def _row(variant: str, step_ms: float | None, ok: bool = True, failed_step: int | None = None) -> RunSummary:
+def _row(variant: str, step_ms: float, ok: bool = True, failed_step: int | None = None) -> RunSummary:
+    """A run of 5 steps at ``step_ms`` each (step 1: start-up, twice as long; skip = 1), or only
+    the steps before ``failed_step``."""
     outcome = Outcome(variant, "", [], 0 if ok else 1, 1.0, error="" if ok else "LinkDownError: x")
     outcome.failed_step = failed_step
-    return RunSummary(variant, "", "", outcome, 1, step_ms=step_ms, tokens_per_s=10.0)
+    last = 5 if ok else failed_step - 1
+    series = {step: (2 * step_ms if step == 1 else step_ms) for step in range(1, last + 1)}
+    return RunSummary(variant, "", "", outcome, 1, step_ms=step_ms, tokens_per_s=10.0, step_series=series)
 
 
 def test_case_table_speedups_and_failures() -> None:
-    table = case_table([_row("1F1B", 2000.0, ok=False, failed_step=5), _row("ZBH2", 1500.0), _row("PipeMorph", 1000.0)])
+    table = case_table([_row("1F1B", 2000.0, ok=False, failed_step=4), _row("ZBH2", 1500.0), _row("PipeMorph", 1000.0)])
     lines = table.splitlines()
     assert lines[0].startswith("| variant | step ms (median) |") and "× vs 1F1B | × vs ZBH2 |" in lines[0]
-    assert "| 1F1B | 2000.0† |" in table and "failed at step 5: LinkDownError: x" in table
+    assert "| 1F1B | 2000.0† |" in table and "failed at step 4: LinkDownError: x" in table
     pipemorph = next(line for line in lines if line.startswith("| PipeMorph |"))
-    assert "| — | 1.50× |" in pipemorph  # no speedup against a failed run; 1500 / 1000 vs ZBH2
+    # against the failed 1F1B: over steps 2-3 (both completed), marked; against ZBH2: 1500 / 1000
+    assert "| 2.00×† | 1.50× |" in pipemorph
+    assert "| 1.00× | 1.00×" not in pipemorph
 
 
 def test_sweep_table_ratios_to_the_target_and_to_no_delay() -> None:

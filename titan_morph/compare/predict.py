@@ -86,6 +86,7 @@ def simulated_ms(job_config: Any, variant: Variant, skip: int) -> tuple[float | 
     if links is None:
         links = StaticDelays.zeros(stages - 1)
     values: list[float] = []
+    down_note = ""
     t0 = 0.0
     # Static links: every step after warm-up is the same; one simulated step stands for them all.
     first = max(skip + 1, inject.start_step)
@@ -97,8 +98,10 @@ def simulated_ms(job_config: Any, variant: Variant, skip: int) -> tuple[float | 
             if step > skip:
                 values.append(span)
     except LinkDownError as err:
-        return None, f"link down: {err}"
+        if static or not values:
+            return None, f"link down: {err}"
+        down_note = f"; until a link went down at step {step}"
     if not values:
         return None, "no steps after warm-up"
     note = "static links" if static else "time-varying links, step by step (no host gaps between steps)"
-    return statistics.median(values), note
+    return statistics.median(values), note + down_note

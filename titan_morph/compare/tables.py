@@ -1,18 +1,19 @@
 """Markdown tables of a comparison: one per case, and a summary over the cases of a sweep.
 
-Speedup "× vs B" = B's median step time / this variant's (> 1: faster than B); only between
-variants that completed every step (a failed run's median covers fewer, different steps).
+Speedup "× vs B" = B's median step time / this variant's (> 1: faster than B), over the steps
+both runs measured: all steps after warm-up, or, when one of them failed, the steps before that.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 from titan_morph.compare.results import RunSummary
 from titan_morph.compare.variants import VARIANTS, Variant, is_baseline
 
-__all__ = ["baselines", "target", "case_table", "sweep_table", "fmt_ms", "ratio"]
+__all__ = ["baselines", "target", "case_table", "sweep_table", "common_speedup", "fmt_ms", "ratio"]
 
 _FAILED_MARK = "†"
 
@@ -49,6 +50,18 @@ def target(names: Sequence[str]) -> str | None:
     return others[-1] if others else None
 
 
+def common_speedup(baseline: RunSummary, row: RunSummary) -> tuple[float | None, bool]:
+    """(baseline's median step time / row's, over the measured steps both completed; whether a
+    failure cut that range short). Equal to the ratio of the medians when both runs passed."""
+    skip = max(baseline.skip, row.skip)
+    steps = sorted(s for s in baseline.step_series.keys() & row.step_series.keys() if s > skip)
+    if not steps:
+        return None, False
+    b = statistics.median(baseline.step_series[s] for s in steps)
+    r = statistics.median(row.step_series[s] for s in steps)
+    return ratio(b, r), not (baseline.ok and row.ok)
+
+
 def _simulated(row: RunSummary) -> str:
     return fmt_ms(row.simulated_ms)
 
@@ -70,15 +83,16 @@ def case_table(rows: Sequence[RunSummary]) -> str:
             any_failed = True
         cells = [r.variant, step, fmt_ms(r.tokens_per_s), fmt_ms(r.pipeline_ms), _simulated(r)]
         for b in base:
-            other = by_name[b]
-            value = ratio(other.step_ms, r.step_ms) if (r.ok and other.ok) else None
-            cells.append(_fmt_ratio(value))
+            value, partial = common_speedup(by_name[b], r)
+            cells.append(_fmt_ratio(value) + (_FAILED_MARK if partial and value is not None else ""))
         cells.append("—" if r.plan_changes is None else f"{r.plan_changes:.0f}")
         cells.append(r.status())
         lines.append("| " + " | ".join(cells) + " |")
     if any_failed:
         lines.append("")
-        lines.append(f"{_FAILED_MARK} median over the steps completed before the failure.")
+        lines.append(
+            f"{_FAILED_MARK} over the steps completed before the failure (speedups: the steps both runs completed)."
+        )
     return "\n".join(lines)
 
 
