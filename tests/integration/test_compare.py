@@ -24,7 +24,7 @@ from conftest import REPO, processes_mentioning
 from titan_morph.compare.__main__ import main as compare_main
 from titan_morph.compare.configs import ComparisonError, resolve_job_config
 from titan_morph.compare.results import RunSummary
-from titan_morph.compare.runner import MARKER_ENV, Outcome, error_line, marked_processes
+from titan_morph.compare.runner import MARKER_ENV, Outcome, error_line, marked_processes, run_job
 from titan_morph.compare.scenarios import SCENARIOS, ScenarioError, expand, get_scenario
 from titan_morph.compare.tables import case_table, sweep_table
 from titan_morph.compare.variants import DEFAULT_VARIANTS, VARIANTS, UnknownVariantError, parse_variants
@@ -200,6 +200,29 @@ def test_error_line_prefers_the_root_cause() -> None:
         "configuration error: invalid [morph] option x"
     )
     assert error_line("all fine\n") == ""
+
+
+def test_run_job_start_up_failure_and_timeout_with_a_stray_process(tmp_path) -> None:
+    """Outcomes of real (non-torch) jobs: a start-up error, and a job that hangs after step 1 and
+    leaves a process outside its process group, which the harness finds by its marker and stops."""
+    fail = [sys.executable, "-c", "print('titan_morph: configuration error: bad key'); raise SystemExit(2)"]
+    outcome = run_job(fail, tmp_path / "fail", variant="X", case="", timeout_s=30)
+    assert outcome.status() == "failed at start-up: configuration error: bad key"
+    assert json.loads((tmp_path / "fail" / "outcome.json").read_text())["returncode"] == 2
+
+    hang = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
+        "print('Training starts at step 1'); print('step:  1  loss:  8.0', flush=True); time.sleep(120)\n"
+    )
+    started = time.monotonic()
+    outcome = run_job(
+        [sys.executable, "-c", hang], tmp_path / "hang", variant="X", case="", timeout_s=3, cleanup_grace_s=1
+    )
+    assert time.monotonic() - started < 30
+    assert outcome.timed_out and outcome.status().startswith("timed out at step 2 after")
+    assert len(outcome.leftover_pids) == 1  # the stray sleeper: found by its marker, killed
+    assert not marked_processes(str(tmp_path / "hang"))
 
 
 def _row(variant: str, step_ms: float, ok: bool = True, failed_step: int | None = None) -> RunSummary:

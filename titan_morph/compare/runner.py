@@ -40,6 +40,7 @@ processes, so the harness can find whatever a job leaves behind and stop only it
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "titan_morph_"
 _TOKEN_RE = re.compile(r"--run=([0-9a-f]+)")
+_TRAINING_STARTED = "Training starts at step"  # TorchTitan's log line once the trainer is built
 _STEP_RE = re.compile(r"\bstep:\s*(\d+)\s")
 _ERR_RE = re.compile(r"^(?:\s*\[rank\d+\]:)*\s*((?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception))):\s?(.*)$")
 _CONFIG_ERR_RE = re.compile(r"titan_morph: configuration error: (.*)$")
@@ -49,7 +50,8 @@ _SECONDARY = ("ChildFailedError", "Connection closed by peer", "Connection reset
 
 @dataclass
 class Outcome:
-    """How a job ended; ``failed_step`` is the first step that did not complete (None if it passed)."""
+    """How a job ended; ``failed_step`` is the first step that did not complete (None if it passed
+    or failed before training started)."""
 
     variant: str
     case: str
@@ -203,7 +205,14 @@ def prepare_run_dir(dump: Path) -> None:
 
 
 def run_job(
-    command: list[str], dump: Path, *, variant: str, case: str, timeout_s: float, env: dict[str, str] | None = None
+    command: list[str],
+    dump: Path,
+    *,
+    variant: str,
+    case: str,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    cleanup_grace_s: float = 10.0,
 ) -> Outcome:
     """Run ``command`` (from :func:`run_command`) with its output in ``dump/train.log``; never raises
     for a failing job (the outcome says how it ended), only for Ctrl-C after killing it."""
@@ -241,7 +250,7 @@ def run_job(
             if proc.poll() is None:
                 _kill_group(proc)
     seconds = time.monotonic() - start
-    leftover_pids, leftover_segments = _clean_up(marker, tokens, grace_s=10.0)
+    leftover_pids, leftover_segments = _clean_up(marker, tokens, grace_s=cleanup_grace_s)
     text = log_path.read_text(errors="replace")
     last = last_logged_step(text)
     ok = proc.returncode == 0 and not timed_out
@@ -253,7 +262,7 @@ def run_job(
         seconds=round(seconds, 1),
         timed_out=timed_out,
         error="" if ok else (error_line(text) or ("" if timed_out else f"exit code {proc.returncode}")),
-        failed_step=None if ok else last + 1,
+        failed_step=None if ok or (last == 0 and _TRAINING_STARTED not in text) else last + 1,
         last_step=last,
         leftover_pids=leftover_pids,
         leftover_segments=leftover_segments,
