@@ -43,7 +43,12 @@ handed to the link model are ms since the epoch, and step-keyed traces read :att
 Threading: ``batch_p2p`` is meant for one issuing thread (the training loop; it holds a lock while
 blocked, as NCCL would block it); handles may be waited from any thread. Every send handle must be
 waited (torch's schedules wait all sends at the end of a step): the transport keeps unwaited
-sends alive until then, since dropping a gloo Work early cancels the send.
+sends alive until then, since dropping a gloo Work early cancels the send. Per (link, direction)
+this rank uses, one link thread (sends) and one receive watcher; ``close`` stops and joins both
+(a watcher within ``poll_s``). The watcher hands each message to its consumer through an event:
+≈0.05–0.15 ms later than the old in-thread wait on a loaded 2-core host (``arrived`` is not
+affected). ``arrived`` is stamped in Python: when the training thread holds the GIL in pure Python
+code, the stamp can lag by up to ``sys.getswitchinterval()`` (5 ms).
 """
 
 from __future__ import annotations
