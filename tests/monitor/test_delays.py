@@ -5,7 +5,7 @@ import math
 import pytest
 
 from titan_morph.monitor.delays import estimate_links, quantile
-from titan_morph.monitor.profile import MessageStamp, StepProfile, decode, encode, row_width
+from titan_morph.monitor.profile import MessageStamp, StepProfile, capacity, decode, encode, row_width
 
 NAN = float("nan")
 
@@ -65,10 +65,11 @@ def test_row_round_trip():
     assert math.isnan(q.messages[0].t2) and q.messages[1].t3 == 3.0
 
 
-def test_row_overflow_is_an_error():
-    p = prof(0, *[send(0, i, 1.0) for i in range(9)])
-    with pytest.raises(ValueError, match="a row holds 8"):
-        encode(p, microbatches=2)
+def test_row_overflow_drops_extra_messages_instead_of_failing():
+    p = prof(0, *[send(0, i, 1.0) for i in range(capacity(2) + 3)])
+    q = decode(encode(p, microbatches=2))
+    assert len(q.messages) == capacity(2) and p.dropped == 3
+    assert [m.seq for m in q.messages] == list(range(capacity(2)))
 
 
 def test_quantile():

@@ -125,6 +125,8 @@ class LiveMonitor:
             return NAN if ms is None else self._common_ms(epoch + ms / 1e3)
 
         for msg in record.messages:
+            if getattr(msg, "status", "done") in ("down", "error"):  # refused or failed: no delivery to time
+                continue
             path = getattr(msg, "path", "") or ""
             if msg.side == "send":
                 accepted = msg.accepted if msg.accepted is not None else msg.issued
@@ -148,6 +150,13 @@ class LiveMonitor:
         """All stages' profiles of this step (one all-gather of fixed-size float64 rows)."""
         prof.sent_ms = self._common_ms(time.monotonic())
         mine = torch.tensor(encode(prof, self.microbatches), dtype=torch.float64)
+        if prof.dropped:
+            logger.warning(
+                "titan_morph: stage %d step %d: %d message stamps did not fit the monitor's row",
+                prof.stage,
+                self.step,
+                prof.dropped,
+            )
         rows = [torch.empty(self.width, dtype=torch.float64) for _ in range(dist.get_world_size(self.group))]
         dist.all_gather(rows, mine, group=self.group)
         return sorted((decode(r.tolist()) for r in rows), key=lambda p: p.stage)

@@ -411,6 +411,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
         model = self.plan.model.with_delays((0.0,) * (self._num_stages - 1))
         links = getattr(self.transport, "links", None)
         depth = getattr(self.transport, "depth", self.planned_depth) if links is not None else self.planned_depth
+        if getattr(self.transport, "delegated", None):  # auto: slow links run on the non-blocking delegates
+            depth = None
         epoch = getattr(self.transport, "epoch", None)
         t0 = 0.0
         if epoch is not None:
