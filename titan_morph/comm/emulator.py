@@ -13,21 +13,22 @@ How it works. A *message* is the ops one ``batch_p2p`` call addresses to one (li
 stages do). Sends are held on the sender: per (link, direction) a thread releases each message to
 the inner transport at its delivery time, so the receiver sees it ≈ ``accepted + c`` later.
 Receives are posted to the inner transport at once and queued, per (link, direction), on a
-*receive watcher* thread (started with the link's first receive) that completes them in posting
-order as they arrive, whether or not the consumer is waiting yet: it waits (in ``poll_s`` slices
-that re-check the model for a down link and the transport for ``close``) for the sender's commit
-notice in the c10d store, written by the link thread as soon as the message is accepted (after
-releasing whatever is due, so a message due at once never waits for a store round trip; the
-notice also carries the planned delivery time, ``_RecvHandle.due_s``, for a device clock), then
-blocks on the inner work, which is then certain to complete at ≈ the delivery time, and stamps
-``MessageRecord.arrived``: the true arrival, even while the training thread is busy elsewhere
-(issue 6: a straggler monitor measures per-link delivery delays from it). The handle's ``wait``
-waits (bounded) for the watcher and re-raises its error. The store side channel exists because
-gloo cannot poll a receive: ``Work.is_completed`` stays False until ``wait``, a ``wait(timeout)``
-that expires closes the pair to the peer, and a thread left blocked in a gloo wait aborts the
-process at exit (the watcher enters one only after the notice, and ``close`` joins it). With it
-every wait is bounded and a send refused on a down link reaches the receiver as
-:class:`LinkDownError` at once, never as a hang.
+*receive watcher* thread (started with the link's first receive) that handles them in posting
+order whether or not the consumer is waiting yet: it waits (in ``poll_s`` slices that re-check
+the model for a down link and the transport for ``close``) for the sender's commit notice in the
+c10d store, written by the link thread as soon as the message is accepted (after releasing
+whatever is due, so a message due at once never waits for a store round trip; the notice also
+carries the planned delivery time, ``_RecvHandle.due_s``, for a device clock). Then the inner
+work is certain to complete at ≈ the delivery time; whoever blocks on it stamps
+``MessageRecord.arrived`` when it does: the consumer if its ``wait`` had begun by the notice
+(so it wakes once, at the arrival, as with no watcher), else the watcher — the true arrival even
+while the training thread is busy elsewhere (issue 6: a straggler monitor measures per-link
+delivery delays from it). ``wait`` is bounded and re-raises the watcher's error. The store side
+channel exists because gloo cannot poll a receive: ``Work.is_completed`` stays False until
+``wait``, a ``wait(timeout)`` that expires closes the pair to the peer, and a thread left blocked
+in a gloo wait aborts the process at exit (the watcher enters one only after the notice, and
+``close`` joins it). With it every wait is bounded and a send refused on a down link reaches the
+receiver as :class:`LinkDownError` at once, never as a hang.
 
 Link down. A send whose link is down is refused with :class:`LinkDownError` at issue time (nothing
 of its batch is issued); its payload still goes out undelayed behind earlier messages, marked
@@ -45,10 +46,8 @@ blocked, as NCCL would block it); handles may be waited from any thread. Every s
 waited (torch's schedules wait all sends at the end of a step): the transport keeps unwaited
 sends alive until then, since dropping a gloo Work early cancels the send. Per (link, direction)
 this rank uses, one link thread (sends) and one receive watcher; ``close`` stops and joins both
-(a watcher within ``poll_s``). The watcher hands each message to its consumer through an event:
-≈0.05–0.15 ms later than the old in-thread wait on a loaded 2-core host (``arrived`` is not
-affected). ``arrived`` is stamped in Python: when the training thread holds the GIL in pure Python
-code, the stamp can lag by up to ``sys.getswitchinterval()`` (5 ms).
+(a watcher within ``poll_s``). ``arrived`` is stamped in Python: when another thread holds the
+GIL in pure Python code, the stamp can lag by up to ``sys.getswitchinterval()`` (5 ms).
 """
 
 from __future__ import annotations
@@ -269,8 +268,10 @@ class _SendHandle:
 
 
 class _RecvHandle:
-    """A posted receive: its watcher completes it (``_complete``), ``wait`` observes that; raises
-    the watcher's LinkDownError/RuntimeError, or CommTimeoutError, instead of hanging."""
+    """A posted receive. Its link's watcher waits for the sender's notice (``_await_notice``); the
+    data is then waited, and ``arrived`` stamped, by the consumer if it was already waiting (one
+    thread wake at arrival, as without a watcher) or else by the watcher (``_take_data``). ``wait``
+    raises LinkDownError/RuntimeError from either, or CommTimeoutError, instead of hanging."""
 
     def __init__(
         self, owner: EmulatedTransport, ops: list[dist.P2POp], handles: list[Handle], key: str, record: MessageRecord
@@ -280,24 +281,34 @@ class _RecvHandle:
         # When the link model delivers the message (time.monotonic() s), known once the sender's
         # notice is read: a device clock (titan_morph.testbed) starts the consuming op then.
         self.due_s: float | None = None
-        self.settled = threading.Event()  # set by the watcher: data in the buffer, or ``error``
+        self.settled = threading.Event()  # set by the watcher: notice handled (data too unless ``_by_consumer``)
         self.error: BaseException | None = None
         self.wait_started: float | None = None  # first consumer wait (monotonic s): down-link grace
+        self._lock = threading.Lock()
+        self._by_consumer = False  # the consumer was waiting when the notice came: it takes the data
+        self._refused = False  # the notice says the sender refused it (a placeholder travels)
 
     def wait(self, timeout: float | None = None) -> bool:
         if self._done:
             return True
         owner, rec = self.owner, self.record
         bound = owner.timeout_s if timeout is None else timeout
-        if self.wait_started is None:
-            self.wait_started = time.monotonic()
+        deadline = time.monotonic() + bound
+        with self._lock:
+            if self.wait_started is None:
+                self.wait_started = time.monotonic()
         if not self.settled.wait(max(0.0, bound)):
             rec.status = "error"
-            seen = "notice seen, data not in" if rec.notified is not None else "no notice from the sender"
             raise CommTimeoutError(
                 f"receive of message {rec.seq} on link {rec.link} ({rec.direction}) from stage {rec.peer_stage} "
-                f"did not arrive within {bound:.3g} s (posted at {rec.issued:.1f} ms, step {rec.step}; {seen})"
+                f"did not arrive within {bound:.3g} s (posted at {rec.issued:.1f} ms, step {rec.step}; no notice "
+                "from the sender)"
             )
+        if self.error is None and self._by_consumer and rec.arrived is None:
+            try:
+                self._take_data(max(0.0, deadline - time.monotonic()))
+            except BaseException as e:
+                self.error = e
         if rec.arrived is not None and rec.completed is None:
             rec.completed = owner.now_ms()
         if self.error is not None:
@@ -308,10 +319,10 @@ class _RecvHandle:
     def is_completed(self) -> bool:
         return self._done
 
-    def _complete(self) -> None:
+    def _await_notice(self) -> None:
         """Run by the link's watcher: wait for the sender's notice (in ``poll_s`` slices; gives up on
         ``close``, or once the consumer has waited ``down_grace_s`` on a link the model says is
-        down), then for the data, which is then certain to come; stamp ``arrived``."""
+        down); then wait for the data (certain to come) unless the consumer is waiting already."""
         owner, rec = self.owner, self.record
         down_since: float | None = None
         while True:
@@ -345,18 +356,28 @@ class _RecvHandle:
                 f"link {rec.link} ({rec.direction}) message {rec.seq}: stage {rec.peer_stage} sent {sent_bytes} bytes "
                 f"but this stage posted {rec.nbytes}; both sides must group ops into messages identically"
             )
+        self._refused = status == "down"
+        with self._lock:
+            self._by_consumer = self.wait_started is not None
+        if not self._by_consumer:
+            self._take_data(owner.timeout_s)
+
+    def _take_data(self, timeout_s: float) -> None:
+        """Block on the inner receive (its notice was seen: the data comes at ≈ the delivery time)."""
+        owner, rec = self.owner, self.record
+        deadline = time.monotonic() + timeout_s
         for h in self.handles:
-            h.wait(owner.timeout_s)
+            h.wait(max(0.0, deadline - time.monotonic()))
         rec.arrived = owner.now_ms()
-        if status == "down":  # the sender refused it; its placeholder kept the wire in step
+        if self._refused:  # the sender refused it; its placeholder kept the wire in step
             rec.status = "down"
             raise LinkDownError(rec.link, rec.direction, f": stage {rec.peer_stage} could not send message {rec.seq}")
         rec.status = "done"
 
 
 class _RecvWatcher(threading.Thread):
-    """Completes one (link, direction)'s posted receives in posting order as their data arrives,
-    whatever the consumer is doing, so ``MessageRecord.arrived`` is the true arrival (issue 6)."""
+    """Handles one (link, direction)'s posted receives in posting order as their notices and data
+    arrive, whatever the consumer is doing, so ``MessageRecord.arrived`` is the true arrival (issue 6)."""
 
     def __init__(self, owner: EmulatedTransport, link: int, direction: str) -> None:
         super().__init__(name=f"titan_morph-recv-link{link}-{direction}", daemon=True)
@@ -384,7 +405,7 @@ class _RecvWatcher(threading.Thread):
                     return
                 handle = self.pending.popleft()
             try:
-                handle._complete()
+                handle._await_notice()
             except BaseException as e:  # re-raised by the consumer's wait()
                 handle.error = e
             handle.settled.set()
