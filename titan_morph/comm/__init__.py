@@ -42,6 +42,7 @@ _EXPORTS = {
     "DelegateTransport": "delegate",
     "DelegateError": "delegate",
     "FailoverTransport": "failover",
+    "RecordedTransport": "recorded",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -42,7 +42,6 @@ and peer.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import itertools
 import json
 import math
@@ -572,16 +571,6 @@ class DelegateTransport(MessageBook):
         event.synchronize()
 
     # -- metrics ---------------------------------------------------------------------------
-    def records(self) -> list[MessageRecord]:
-        with self._lock:
-            return [dataclasses.replace(r) for r in self._records]
-
-    def take_records(self) -> list[MessageRecord]:
-        with self._lock:
-            out = list(self._records)
-            self._records.clear()
-        return out
-
     def blocked_ms(self) -> dict[int, float]:
         """Total ms the caller waited for a free slot (back-pressure), per link, since start."""
         return dict(self._blocked)

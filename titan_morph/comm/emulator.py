@@ -431,7 +431,7 @@ def _close_live_transports() -> None:
 class MessageBook:
     """Per-(link, direction) sequence numbers and :class:`MessageRecord` bookkeeping shared by the
     emulated, delegated and recorded transports (needs ``step``, ``record``, ``_records``,
-    ``now_ms`` and ``path``, the name its records carry)."""
+    ``_lock``, ``now_ms`` and ``path``, the name its records carry)."""
 
     path = ""
 
@@ -446,6 +446,24 @@ class MessageBook:
         if self.record:  # type: ignore[attr-defined]
             self._records.append(rec)  # type: ignore[attr-defined]
         return rec
+
+    def records(self) -> list[MessageRecord]:
+        """Snapshot of all message records so far (copies; both sides of this rank)."""
+        with self._lock:  # type: ignore[attr-defined]
+            return [dataclasses.replace(r) for r in self._records]  # type: ignore[attr-defined]
+
+    def take_records(self) -> list[MessageRecord]:
+        """Records so far, then forget them (per-step metrics without unbounded growth).
+
+        A message still in flight is returned now and updated no further in this list."""
+        with self._lock:  # type: ignore[attr-defined]
+            out = list(self._records)  # type: ignore[attr-defined]
+            self._records.clear()  # type: ignore[attr-defined]
+        return out
+
+    def clear_records(self) -> None:
+        with self._lock:  # type: ignore[attr-defined]
+            self._records.clear()  # type: ignore[attr-defined]
 
 
 class EmulatedTransport(MessageBook):
@@ -686,24 +704,6 @@ class EmulatedTransport(MessageBook):
         return _SendHandle(self, item)
 
     # -- metrics ---------------------------------------------------------------------------
-    def records(self) -> list[MessageRecord]:
-        """Snapshot of all message records so far (copies; both sides of this rank)."""
-        with self._lock:
-            return [dataclasses.replace(r) for r in self._records]
-
-    def take_records(self) -> list[MessageRecord]:
-        """Records so far, then forget them (per-step metrics without unbounded growth).
-
-        A message still in flight is returned now and updated no further in this list."""
-        with self._lock:
-            out = list(self._records)
-            self._records.clear()
-        return out
-
-    def clear_records(self) -> None:
-        with self._lock:
-            self._records.clear()
-
     def blocked_ms(self) -> dict[int, float]:
         """Total time the caller was blocked by full links (head-of-line), per link, in ms, since start."""
         return dict(self._blocked)

@@ -19,7 +19,6 @@ delay from above.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections import deque
@@ -138,18 +137,6 @@ class RecordedTransport(MessageBook):
             mw = works if index is None else [works[index[id(op)]] for op in mops]
             handles.append(_Handle(self, mops, rec, mw))
         return handles
-
-    def records(self) -> list[MessageRecord]:
-        """Snapshot (copies) of all message records so far."""
-        with self._lock:
-            return [dataclasses.replace(r) for r in self._records]
-
-    def take_records(self) -> list[MessageRecord]:
-        """Records so far, then forget them (per-step metrics without unbounded growth)."""
-        with self._lock:
-            out = list(self._records)
-            self._records.clear()
-        return out
 
     def close(self) -> None:
         """Close ``inner`` (no threads or resources of its own)."""
