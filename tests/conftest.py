@@ -112,26 +112,10 @@ def torchrun(
     env: dict[str, str] | None = None,
 ) -> RunResult:
     """``torchrun --standalone`` (free rendezvous port) of ``python -m titan_morph.train`` on ``nproc`` ranks."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "--role",
-        "rank",
-        "--tee",
-        "3",
-        "-m",
-        "titan_morph.train",
-        "--job.config_file",
-        str(config),
-        "--job.dump_folder",
-        str(dump_folder),
-        "--parallelism.pipeline_parallel_degree",
-        str(nproc),
-        *overrides,
-    ]
+    from titan_morph.launch import torchrun_command
+
+    overrides = ("--parallelism.pipeline_parallel_degree", str(nproc), *overrides)
+    cmd = torchrun_command(config, dump_folder, nproc, overrides)
     return launch(cmd, dump_folder, timeout_s=timeout_s, env=env)
 
 

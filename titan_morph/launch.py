@@ -6,6 +6,8 @@ DP), with ``--parallelism.<key> value`` overrides from the command line applied.
 """
 
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 DEGREES = (
@@ -38,6 +40,31 @@ def world_size(config_file: str, overrides: list[str]) -> int:
     for name in DEGREES:
         size *= max(int(par.get(name, 1)), 1)
     return size
+
+
+def torchrun_command(
+    config_file: str | Path, dump_folder: str | Path, nproc: int, overrides: Sequence[str] = (), python: str = ""
+) -> list[str]:
+    """``torchrun --standalone`` (a free rendezvous port per job) of ``python -m titan_morph.train`` on
+    ``nproc`` ranks, with TorchTitan's conventions: ``--job.config_file``, ``--job.dump_folder``, overrides."""
+    return [
+        python or sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "--role",
+        "rank",
+        "--tee",
+        "3",
+        "-m",
+        "titan_morph.train",
+        "--job.config_file",
+        str(config_file),
+        "--job.dump_folder",
+        str(dump_folder),
+        *overrides,
+    ]
 
 
 def main(argv: list[str]) -> int:

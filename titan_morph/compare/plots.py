@@ -10,7 +10,7 @@ from titan_morph.compare.results import RunSummary
 __all__ = ["plot_steps", "plot_sweep"]
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -19,9 +19,20 @@ def _pyplot():
     return plt
 
 
+def save(fig, path: Path, *axes) -> Path:
+    """Grid and legend on ``axes``, then write ``fig`` to ``path`` (folders created) and close it."""
+    for ax in axes:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path
+
+
 def plot_steps(rows: Sequence[RunSummary], title: str, path: Path, skip: int) -> Path:
     """Step time per training step, one line per variant; an × marks where a variant failed."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for r in rows:
         if r.step_series:
@@ -45,12 +56,7 @@ def plot_steps(rows: Sequence[RunSummary], title: str, path: Path, skip: int) ->
     ax.set_ylabel("step time (ms, TorchTitan end_to_end)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path, ax)
 
 
 def plot_sweep(
@@ -63,7 +69,7 @@ def plot_sweep(
 ) -> Path:
     """Median step time per case and variant: a line over x when the cases are a numeric sweep,
     else grouped bars by case."""
-    plt = _pyplot()
+    plt = pyplot()
     names = [r.variant for r in rows_by_case[0]] if rows_by_case else []
     fig, ax = plt.subplots(figsize=(8, 4.5))
     numeric = x_label is not None and all(x is not None for x in xs)
@@ -86,9 +92,4 @@ def plot_sweep(
     ax.set_ylabel("median step time (ms)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path, ax)

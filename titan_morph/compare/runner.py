@@ -85,26 +85,9 @@ def run_command(
     config: Path, dump: Path, nproc: int, steps: int, overrides: Sequence[str], python: str = sys.executable
 ) -> list[str]:
     """The torchrun command of one job (standalone rendezvous: a free port per job)."""
-    return [
-        python,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "--role",
-        "rank",
-        "--tee",
-        "3",
-        "-m",
-        "titan_morph.train",
-        "--job.config_file",
-        str(config),
-        "--job.dump_folder",
-        str(dump),
-        "--training.steps",
-        str(steps),
-        *overrides,
-    ]
+    from titan_morph.launch import torchrun_command
+
+    return torchrun_command(config, dump, nproc, ["--training.steps", str(steps), *overrides], python)
 
 
 def error_line(log: str) -> str:

@@ -63,12 +63,9 @@ class SimFigures:
         return "\n".join(lines)
 
     def plot(self, path: Path) -> Path:
-        import matplotlib
+        from titan_morph.compare.plots import pyplot, save
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+        fig, axes = pyplot().subplots(1, 3, figsize=(14, 4.2))
         for name, rows in self.fig5.items():
             axes[0].plot([r[0] for r in rows], [r[1] for r in rows], marker="o", label=name)
         axes[0].set(xlabel="c_0 (ms), link 0-1", ylabel="iteration time (ms)", title="Fig. 5: S=4, N=12, t=10 ms")
@@ -79,12 +76,7 @@ class SimFigures:
         axes[2].set(xlabel="delay c on the last link (ms)", ylabel="mean bubble rate (%)", title="Fig. 8 (right)")
         for ax in axes:
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-        fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return path
+        return save(fig, path, *axes)
 
 
 def fig5_8() -> SimFigures:
