@@ -202,7 +202,10 @@ class LiveMonitor:
                 model, search=self.policy.search, depth=self.policy.depth, budget_ms=self.policy.search_budget_ms
             )
         replan_ms = (time.monotonic() - t0) * 1e3
-        schedule.set_plan(plan)
+        if plan.orders == schedule.plan.orders:  # e.g. warm-ups already capped at N: nothing to re-deploy
+            plan = schedule.plan
+        else:
+            schedule.set_plan(plan)
         transport = schedule.transport
         if self.policy.delegate_slow_links:
             if decision.newly_slow and callable(getattr(transport, "switch", None)):
