@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,8 @@ def resolve_job_config(config: Path, overrides: Sequence[str]) -> Any:
     """TorchTitan's JobConfig for ``--job.config_file config *overrides``, ``[morph]`` validated."""
     from titan_morph.integration.cpu import adapt_torchtitan_to_cpu
 
-    adapt_torchtitan_to_cpu()  # before torchtitan loads, as titan_morph.train does
+    if "torchtitan.tools.utils" not in sys.modules:  # parsing needs no device; an importer came first
+        adapt_torchtitan_to_cpu()  # before torchtitan loads, as titan_morph.train does
     from torchtitan.config import ConfigManager
 
     from titan_morph.integration.config import MorphConfigError, validate_job_config
