@@ -22,15 +22,13 @@ Prints markdown tables; not a test (timings depend on the host's load).
 from __future__ import annotations
 
 import argparse
-import glob
-import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from titan_morph.compare.results import read_scalars
+from titan_morph.compare.runner import run_checked
 
 REPO = Path(__file__).resolve().parent.parent
 SYNTHETIC = REPO / "train_configs" / "synthetic_cpu.toml"
@@ -38,49 +36,10 @@ DEBUG = REPO / "train_configs" / "debug_cpu.toml"
 DELAY = "0,0,60"
 
 
-def scalars(folder: Path) -> dict[str, dict[int, float]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    out: dict[str, dict[int, float]] = {}
-    for d in glob.glob(str(folder / "tb" / "*")):
-        acc = EventAccumulator(d, size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in acc.Tags().get("scalars", []):
-            out.setdefault(tag, {}).update({ev.step: ev.value for ev in acc.Scalars(tag)})
-    return out
-
-
 def run_job(config: Path, args: list[str], dump: Path, timeout_s: float) -> dict[str, dict[int, float]]:
-    """One 4-rank torchrun in its own process group (killed on timeout)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=4",
-        "-m",
-        "titan_morph.train",
-        "--job.config_file",
-        str(config),
-        "--job.dump_folder",
-        str(dump),
-        "--parallelism.pipeline_parallel_degree",
-        "4",
-        *args,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-4000:]}")
-    return scalars(dump)
+    """One 4-rank torchrun (killed on timeout, nothing left behind); its TensorBoard scalars."""
+    run_checked(config, dump, args, timeout_s)
+    return read_scalars(dump)
 
 
 def median_after(series: dict[int, float], skip: int) -> float:

@@ -36,14 +36,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from titan_morph.compare.results import read_scalars
+from titan_morph.compare.runner import run_checked
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "train_configs" / "synthetic_cpu.toml"
@@ -77,62 +77,6 @@ def overrides(schedule: str, delays: str, steps: int) -> list[str]:
         if schedule == "PipeMorph":
             args += ["--morph.plan_delays_ms", delays]
     return args
-
-
-def run_job(args: list[str], dump: Path, timeout_s: float) -> str:
-    """One 4-rank torchrun of the testbed in its own process group (killed on timeout or Ctrl-C)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=4",
-        "-m",
-        "titan_morph.train",
-        "--job.config_file",
-        str(CONFIG),
-        "--job.dump_folder",
-        str(dump),
-        *args,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    env.pop("TITAN_MORPH_RUN_ID", None)
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{out[-4000:]}")
-    return out
-
-
-def scalars(dump: Path, tag: str) -> dict[int, float]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    values: dict[int, float] = {}
-    for folder in sorted((dump / "tb").glob("*")):
-        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
-        acc.Reload()
-        if tag in acc.Tags().get("scalars", []):
-            values.update({ev.step: ev.value for ev in acc.Scalars(tag)})
-    return values
-
-
-def plan_for(schedule: str, args: list[str]):
-    """The plan the job runs (same config, same builder) and the config's link-queue depth."""
-    from torchtitan.config import ConfigManager
-
-    from titan_morph.integration.morph_schedules import initial_plan
-
-    cfg = ConfigManager().parse_args(["--job.config_file", str(CONFIG), *args])
-    stages = cfg.parallelism.pipeline_parallel_degree
-    n = cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size
-    return initial_plan(FAMILY[schedule], cfg.morph, stages, n), cfg.morph.link_queue_depth
 
 
 def simulated(plan, delays: tuple[float, ...], depth: int | None) -> float:
@@ -192,15 +136,16 @@ def main() -> None:
                 plan, blocking, nonblocking, depth = predict(schedule, args, delays)
                 dump = Path(tmp) / f"{schedule}-{spec.replace(',', '_')}"
                 started = time.monotonic()
-                run_job(args, dump, opts.timeout)
-                ids = set(scalars(dump, "morph/plan_id").values())
+                run_checked(CONFIG, dump, args, opts.timeout)
+                tb = read_scalars(dump)
+                ids = set(tb["morph/plan_id"].values())
                 if ids != {plan_number(plan.plan_id)}:
                     raise RuntimeError(f"{schedule} {case}: the job ran plan(s) {ids}, predicted for {plan.plan_id}")
-                it, kept = median_after(scalars(dump, "morph/iteration_ms"), opts.skip)
-                span, _ = median_after(scalars(dump, "morph/pipeline_ms"), opts.skip)
-                received = scalars(dump, "morph/latency_ms")  # only through the emulator
+                it, kept = median_after(tb["morph/iteration_ms"], opts.skip)
+                span, _ = median_after(tb["morph/pipeline_ms"], opts.skip)
+                received = tb.get("morph/latency_ms", {})  # only through the emulator
                 lat = median_after(received, opts.skip)[0] if received else 0.0
-                lat += median_after(scalars(dump, "morph/send_latency_ms"), opts.skip)[0]
+                lat += median_after(tb["morph/send_latency_ms"], opts.skip)[0]
                 with_lat = simulated(plan, tuple(d + lat for d in delays), depth)
                 row = Row(
                     case,

@@ -24,6 +24,7 @@ __all__ = [
     "Outcome",
     "run_command",
     "run_job",
+    "run_checked",
     "error_line",
     "load_outcome",
     "marked_processes",
@@ -252,6 +253,20 @@ def run_job(
     )
     (dump / OUTCOME_FILE).write_text(json.dumps(asdict(outcome), indent=2) + "\n")
     return outcome
+
+
+def run_checked(config: Path, dump: Path, overrides: Sequence[str], timeout_s: float, nproc: int = 4) -> Path:
+    """One ``nproc``-rank job of ``config`` with :func:`run_job`'s clean-up; raise ``RuntimeError``
+    (with the end of its log) unless it finished. For scripts that need every run (benchmarks)."""
+    from titan_morph.launch import torchrun_command
+
+    args = ["--parallelism.pipeline_parallel_degree", str(nproc), *overrides]
+    command = torchrun_command(config, dump, nproc, args)
+    outcome = run_job(command, dump, variant=dump.name, case="", timeout_s=timeout_s)
+    if not outcome.ok:
+        log = (dump / LOG_FILE).read_text(errors="replace")
+        raise RuntimeError(f"{shlex.join(outcome.command)}: {outcome.status()}\n{log[-4000:]}")
+    return dump
 
 
 def load_outcome(dump: Path) -> Outcome | None:
