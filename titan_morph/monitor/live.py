@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,10 +112,8 @@ class LiveMonitor:
 
     def profile(self, record: Any, epoch: float | None) -> StepProfile:
         """This stage's :class:`StepProfile` of ``record`` (a ``StepRecord``)."""
-        compute: dict[str, tuple[float, int]] = {}
-        for kind, _mb, start, end in record.op_ms:
-            total, n = compute.get(kind, (0.0, 0))
-            compute[kind] = (total + end - start, n + 1)
+        counts = Counter(kind for kind, *_ in record.op_ms)
+        compute = {kind: (total, counts[kind]) for kind, total in record.compute_ms.items()}
         prof = StepProfile(
             self.stage, record.step, self._common_ms(record.start_s), self._common_ms(record.end_s), compute
         )
@@ -162,9 +161,10 @@ class LiveMonitor:
         return sorted((decode(r.tolist()) for r in rows), key=lambda p: p.stage)
 
     # ------------------------------------------------------------------ decide
-    def tolerances(self, plan: Plan) -> list[float]:
+    def tolerances(self, *plans: Plan) -> list[list[float]]:
+        """Eq. 1 tolerance of every link under each of ``plans``, with the measured stage times."""
         model = self.times.model(self.microbatches)
-        return [tolerance_ms(model, plan.warmup, link) for link in range(self.num_stages - 1)]
+        return [[tolerance_ms(model, plan.warmup, link) for link in range(self.num_stages - 1)] for plan in plans]
 
     def after_step(self, schedule: Any, record: Any) -> Change | None:
         """Exchange, detect and (if a decision) apply the new plan before the next step."""
@@ -181,9 +181,7 @@ class LiveMonitor:
         exchange_ms = max(0.0, self._common_ms(t_gathered) - max(last_in, self._common_ms(t_sent)))
         self.times.add(self.profiles)
         self.estimates = estimate_links(self.profiles, self.num_stages)
-        decision = self.detector.update(
-            self.step, self.estimates, self.tolerances(schedule.plan), self.tolerances(self.initial_plan)
-        )
+        decision = self.detector.update(self.step, self.estimates, *self.tolerances(schedule.plan, self.initial_plan))
         change = None
         if decision is not None and self.policy.enabled:
             change = self._apply(schedule, decision)
