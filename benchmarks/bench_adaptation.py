@@ -1,4 +1,4 @@
-"""Issue 6 acceptance figures on the synthetic testbed (PP=4, N=24, F=B=W=10 ms), as ratios.
+"""Live adaptation's figures on the synthetic testbed (PP=4, N=24, F=B=W=10 ms), as ratios.
 
 Runs four comparisons with ``python -m titan_morph.compare`` (skip with ``--no-run`` to re-read a
 finished log directory), then prints, from the TensorBoard events:

@@ -1,4 +1,4 @@
-"""Delegated data plane vs the default transport on the synthetic testbed (issue 5 acceptance).
+"""Delegated data plane vs the default transport on the synthetic testbed (§5).
 
 Real 4-rank ``torchrun`` jobs of ``train_configs/synthetic_cpu.toml`` (PP=4, N=24, F=B=W=10 ms):
 

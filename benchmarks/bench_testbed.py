@@ -1,4 +1,4 @@
-"""Synthetic testbed: measured iteration times of real torchrun jobs vs the simulator (issue 4).
+"""Synthetic testbed: measured iteration times of real torchrun jobs vs the simulator.
 
 Runs ``train_configs/synthetic_cpu.toml`` (PP=4, N=24, F=B=W=10 ms, padded on a device clock, see
 ``titan_morph.testbed``) as real 4-rank ``torchrun`` jobs for ZBH2 and PipeMorph with no delay,
@@ -91,7 +91,7 @@ def predict(schedule: str, args: list[str], delays: tuple[float, ...]):
     """The plan the job runs (same config, same builder) and its simulated makespans."""
     from torchtitan.config import ConfigManager
 
-    from titan_morph.integration.morph_schedules import initial_plan
+    from titan_morph.integration.assembly import initial_plan
     from titan_morph.pipelining.links import StaticDelays
     from titan_morph.pipelining.simulate import simulate
 
@@ -124,7 +124,7 @@ def main() -> None:
     if opts.steps < opts.skip + 1:
         parser.error("--steps must exceed --skip")
 
-    from titan_morph.pipelining.schedule import plan_number
+    from titan_morph.runtime.metrics import plan_scalar
 
     rows: list[Row] = []
     depth = None
@@ -139,7 +139,7 @@ def main() -> None:
                 run_checked(CONFIG, dump, args, opts.timeout)
                 tb = read_scalars(dump)
                 ids = set(tb["morph/plan_id"].values())
-                if ids != {plan_number(plan.plan_id)}:
+                if ids != {plan_scalar(plan.plan_id)}:
                     raise RuntimeError(f"{schedule} {case}: the job ran plan(s) {ids}, predicted for {plan.plan_id}")
                 it, kept = median_after(tb["morph/iteration_ms"], opts.skip)
                 span, _ = median_after(tb["morph/pipeline_ms"], opts.skip)

@@ -1,22 +1,36 @@
-"""Start real worker processes for multi-rank tests: free ports, bounded waits, no leftovers."""
+"""The one place tests start real multi-rank work: bounded in time, nothing left behind.
+
+* :func:`run_ranks` -- a function on N real gloo ranks (spawned processes, free-port TCP
+  rendezvous); each rank's return value comes back through a pickle file, a rank's exception fails
+  the run with its traceback, and on timeout every rank is killed.
+* :func:`torchrun` / :func:`launch` -- a real ``torchrun`` training (or ``run_train.sh``) in its own
+  process group, killed on timeout; :class:`RunResult` reads its TensorBoard events back with the
+  library's own reader (``titan_morph.compare.results``).
+"""
 
 from __future__ import annotations
 
+import glob
 import os
+import pickle
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
-REPO_ROOT = str(Path(__file__).resolve().parents[1])
-
-
-def _with_repo_root(pythonpath: str | None) -> str:
-    """Worker scripts import ``tests.*`` and ``titan_morph`` from this checkout."""
-    return REPO_ROOT if not pythonpath else f"{REPO_ROOT}{os.pathsep}{pythonpath}"
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = REPO / "train_configs" / "debug_cpu.toml"
+LOSS_TAG = "loss_metrics/global_avg_loss"
+TPS_TAG = "throughput(tps)"
+PG_TIMEOUT_S = 15.0
 
 
 def free_port() -> int:
@@ -26,42 +40,190 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_ranks(
-    argv_per_rank: Sequence[Sequence[str]], *, timeout_s: float, env: dict[str, str] | None = None
-) -> list[str]:
-    """Run one ``python`` process per rank; return their outputs, or fail with every rank's log.
+def processes_mentioning(text: str) -> list[tuple[int, str]]:
+    """Live processes (pid, cmdline) whose command line contains ``text`` (e.g. a run's dump folder)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/cmdline").read_bytes()
+            status = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if status.split(") ", 1)[-1].startswith("Z"):
+            continue  # zombie already exited
+        cmd = raw.replace(b"\0", b" ").decode(errors="replace")
+        if text in cmd:
+            found.append((int(entry), cmd))
+    return found
 
-    Each process gets its own session so a hung rank's whole group can be killed; nothing outlives
-    the call.
-    """
-    procs = [
-        subprocess.Popen(
-            [sys.executable, *argv],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-            env={**os.environ, "PYTHONPATH": _with_repo_root(os.environ.get("PYTHONPATH")), **(env or {})},
-        )
-        for argv in argv_per_rank
-    ]
-    deadline = time.monotonic() + timeout_s
-    logs = [""] * len(procs)
-    timed_out = False
+
+# ------------------------------------------------------------------ functions on N gloo ranks
+
+
+def _entry(
+    rank: int, world: int, port: int, out: str, fn: Callable[..., Any], args: tuple, pg_timeout_s: float
+) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import faulthandler
+
+    faulthandler.enable()
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=pg_timeout_s),
+    )
     try:
-        for r, p in enumerate(procs):
-            try:
-                logs[r] = p.communicate(timeout=max(0.1, deadline - time.monotonic()))[0]
-            except subprocess.TimeoutExpired:
-                timed_out = True
+        result = fn(rank, world, *args)
+        Path(out, f"{rank}.pkl").write_bytes(pickle.dumps(("ok", result)))
+    except BaseException:
+        Path(out, f"{rank}.pkl").write_bytes(pickle.dumps(("error", traceback.format_exc())))
+        raise
     finally:
-        for r, p in enumerate(procs):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                logs[r] += p.communicate(timeout=10)[0] or ""
-    failed = [r for r, p in enumerate(procs) if p.returncode != 0]
-    if timed_out or failed:
-        detail = "\n".join(f"--- rank {r} (rc {procs[r].returncode}) ---\n{logs[r][-3000:]}" for r in range(len(procs)))
-        reason = f"ranks did not finish within {timeout_s:.0f} s" if timed_out else f"ranks {failed} failed"
-        raise AssertionError(f"{reason}\n{detail}")
-    return logs
+        import gc
+
+        gc.collect()  # nothing holding gloo work may survive into interpreter finalization
+        dist.destroy_process_group()
+    # The result is on disk and the group is gone. Skip interpreter finalization: a rare race
+    # between gloo's threads and interpreter teardown aborts there ("terminate called without an
+    # active exception") after all work succeeded.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def run_ranks(
+    fn: Callable[..., Any], world: int, *args: Any, timeout: float = 60.0, pg_timeout_s: float = PG_TIMEOUT_S
+) -> list[Any]:
+    """``fn(rank, world, *args)`` on ``world`` gloo ranks (process group initialised); the per-rank results.
+
+    ``fn`` must be importable by the spawned processes (a module-level function of a test module).
+    """
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="titan_morph_ranks_") as out:
+        ctx = mp.start_processes(
+            _entry,
+            args=(world, free_port(), out, fn, args, pg_timeout_s),
+            nprocs=world,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = time.monotonic() + timeout
+        try:
+            while not ctx.join(timeout=0.2):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{fn.__name__} on {world} ranks did not finish within {timeout} s")
+        except Exception as e:
+            details = []
+            for r in range(world):
+                p = Path(out, f"{r}.pkl")
+                if p.exists():
+                    status, val = pickle.loads(p.read_bytes())
+                    details.append(f"--- rank {r} ---\n{val}" if status == "error" else f"--- rank {r}: fn returned")
+            raise AssertionError(f"{e}\n" + "\n".join(details)) from e
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+                p.join(5)
+            assert all(not p.is_alive() for p in ctx.processes), "rank processes left running"
+        results = []
+        for r in range(world):
+            status, val = pickle.loads(Path(out, f"{r}.pkl").read_bytes())
+            assert status == "ok", val
+            results.append(val)
+        return results
+
+
+# ------------------------------------------------------------------ torchrun trainings
+
+
+def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "VENV": sys.prefix}
+    env.pop("TITAN_MORPH_RUN_ID", None)
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class RunResult:
+    """A finished launch: exit code, combined output, its dump folder and wall time."""
+
+    returncode: int
+    output: str
+    dump_folder: Path
+    seconds: float
+
+    def tail(self, n: int = 60) -> str:
+        return "\n".join(self.output.splitlines()[-n:])
+
+    def tb_dirs(self) -> list[str]:
+        return sorted(glob.glob(str(self.dump_folder / "tb" / "*")))
+
+    def scalars(self, tag: str) -> dict[int, float]:
+        """Scalar ``tag`` per step, read back from the run's TensorBoard event files."""
+        from titan_morph.compare.results import read_scalars
+
+        return read_scalars(self.dump_folder).get(tag, {})
+
+    def image_steps(self, tag: str) -> list[int]:
+        """Steps at which image ``tag`` was logged."""
+        from titan_morph.compare.results import read_images
+
+        return read_images(self.dump_folder).get(tag, [])
+
+    def losses(self) -> dict[int, float]:
+        return self.scalars(LOSS_TAG)
+
+
+def launch(
+    cmd: list[str], dump_folder: Path, *, timeout_s: float = 240, env: dict[str, str] | None = None
+) -> RunResult:
+    """Run ``cmd`` (a torchrun or run_train.sh command) in its own process group; kill it on timeout."""
+    import pytest
+
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=_child_env(env),
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout_s} s; last output:\n" + out[-6000:])
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return RunResult(proc.returncode, out, dump_folder, time.monotonic() - start)
+
+
+def torchrun(
+    nproc: int,
+    dump_folder: Path,
+    *overrides: str,
+    config: Path = DEFAULT_CONFIG,
+    timeout_s: float = 240,
+    env: dict[str, str] | None = None,
+) -> RunResult:
+    """``torchrun --standalone`` (free rendezvous port) of ``python -m titan_morph.train`` on ``nproc`` ranks."""
+    from titan_morph.launch import torchrun_command
+
+    overrides = ("--parallelism.pipeline_parallel_degree", str(nproc), *overrides)
+    cmd = torchrun_command(config, dump_folder, nproc, overrides)
+    return launch(cmd, dump_folder, timeout_s=timeout_s, env=env)

@@ -1,4 +1,4 @@
-"""Per-message arrival stamps (issue 6): ``MessageRecord.arrived`` is when the data reached this
+"""Per-message arrival stamps: ``MessageRecord.arrived`` is when the data reached this
 rank's receive path, whatever the consumer was doing; ``completed`` stays the consumer's wait.
 
 Real gloo ranks (and real delegate processes). Timing bounds are loose: the host is shared.
@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from .spawn_ranks import run_ranks
+from tests.launch import run_ranks
 
 DELAY_MS = 80.0
 LATE_S = 0.45  # the receiver waits this long after posting (> DELAY_MS: it is busy when data comes)
@@ -32,11 +32,11 @@ def _late_consumer(rank: int, world: int, kind: str) -> dict:
     import torch
     import torch.distributed as dist
 
-    from titan_morph.comm.emulator import sync_epoch
+    from titan_morph.comm import sync_clock
     from titan_morph.pipelining.links import StaticDelays
 
     links = StaticDelays((DELAY_MS,))
-    epoch = sync_epoch()
+    epoch = sync_clock().epoch
     if kind == "emulated":
         from titan_morph.comm import EmulatedTransport, TorchTransport
 
@@ -91,13 +91,13 @@ def _failover_records(rank: int, world: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from titan_morph.comm import EmulatedTransport, TorchTransport, sync_epoch
+    from titan_morph.comm import EmulatedTransport, TorchTransport, sync_clock
     from titan_morph.comm.delegate import DelegateTransport
     from titan_morph.comm.failover import FailoverTransport
     from titan_morph.pipelining.links import StaticDelays
 
     links = StaticDelays((5.0,), (3.0,))
-    epoch = sync_epoch()
+    epoch = sync_clock().epoch
     primary = EmulatedTransport(TorchTransport(), links, stage=rank, num_stages=world, depth=2, epoch=epoch)
     delegate = DelegateTransport(stage=rank, num_stages=world, links=links, epoch=epoch, timeout_s=30)
     mine, theirs, peer = ("fwd", "bwd", 1) if rank == 0 else ("bwd", "fwd", 0)
@@ -158,11 +158,11 @@ def _recorded(rank: int, world: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from titan_morph.comm import TorchTransport, sync_epoch
+    from titan_morph.comm import TorchTransport, sync_clock
     from titan_morph.comm.recorded import RecordedTransport
 
     other = dist.new_group([0, 1])
-    epoch = sync_epoch()
+    epoch = sync_clock().epoch
     before = sorted(t.name for t in threading.enumerate())
     mine, theirs, peer = ("fwd", "bwd", 1) if rank == 0 else ("bwd", "fwd", 0)
     same = []
@@ -228,10 +228,10 @@ def _close_with_posted_receive(rank: int, world: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from titan_morph.comm import EmulatedTransport, TorchTransport, sync_epoch
+    from titan_morph.comm import EmulatedTransport, TorchTransport, sync_clock
     from titan_morph.pipelining.links import StaticDelays
 
-    epoch = sync_epoch()
+    epoch = sync_clock().epoch
     tr = EmulatedTransport(TorchTransport(), StaticDelays((1.0,)), stage=rank, num_stages=world, depth=2, epoch=epoch)
     out: dict = {}
     if rank == 1:

@@ -1,4 +1,4 @@
-"""DelegateTransport on real gloo ranks with real delegate subprocesses (issue 5).
+"""DelegateTransport on real gloo ranks with real delegate subprocesses (§5).
 
 Bit-identical delivery of every dtype/layout (fp32, bf16, fp16, int64, non-contiguous, size 0, up to
 16 MiB) over 2 and 4 ranks; per-link order with K = 2 and 3 delegates per link; the training
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from .spawn_ranks import run_ranks
+from tests.launch import run_ranks
 
 DTYPES = ("float32", "bfloat16", "float16", "int64")
 BIG = 4 * 1024 * 1024  # fp32 elements: 16 MiB
@@ -120,8 +120,7 @@ def _stream(rank: int, world: int, k: int, n: int, big: bool, slots: int = 2) ->
 
 
 def _check(results: list[dict]) -> None:
-    from conftest import processes_mentioning
-
+    from tests.launch import processes_mentioning
     from titan_morph.comm.shm import leftovers
 
     sent = {k: v for r in results for k, v in r["sent"].items()}

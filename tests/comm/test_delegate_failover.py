@@ -1,11 +1,11 @@
-"""Failover (issue 5 item 3): a link goes down (``inf``) mid-run; traffic moves to the delegates on
+"""Failover (§5.3): a link goes down (``inf``) mid-run; traffic moves to the delegates on
 both ranks without restart, nothing is lost or reordered, and the failover is counted."""
 
 from __future__ import annotations
 
 import math
 
-from .spawn_ranks import run_ranks
+from tests.launch import run_ranks
 
 STEPS = 5
 PER_STEP = 3
@@ -22,13 +22,13 @@ def _failover(rank: int, world: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from titan_morph.comm import EmulatedTransport, TorchTransport, sync_epoch
+    from titan_morph.comm import EmulatedTransport, TorchTransport, sync_clock
     from titan_morph.comm.delegate import DelegateTransport
     from titan_morph.comm.failover import FailoverTransport
     from titan_morph.pipelining.links import TraceDelays, TraceEvent
 
     links = TraceDelays(1, (TraceEvent(3, 0, math.inf),), key="step")  # link 0 down from step 3 on
-    epoch = sync_epoch()  # one t=0 for both paths (FailoverTransport requires it)
+    epoch = sync_clock().epoch  # one t=0 for both paths (FailoverTransport requires it)
     primary = EmulatedTransport(TorchTransport(), links, stage=rank, num_stages=world, depth=2, epoch=epoch)
     delegate = DelegateTransport(stage=rank, num_stages=world, links=links, epoch=epoch)
     bad = []
@@ -48,21 +48,22 @@ def _failover(rank: int, world: int) -> dict:
             for h in sends:
                 h.wait(30.0)
             dist.barrier()
-        return {"bad": bad, "failovers": tr.failovers, "log": tr.failover_log, "delegated": sorted(tr.delegated)}
+        routed, delegated = sorted(tr.routed), sorted(tr.delegated())
+        return {"bad": bad, "failovers": tr.failovers, "log": tr.failover_log, "routed": routed, "delegated": delegated}
 
 
 def test_link_down_mid_run_fails_over_to_delegates() -> None:
     for r in run_ranks(_failover, 2, timeout=120):
         assert not r["bad"], r["bad"]
         assert r["failovers"] == 2, r["log"]  # its send direction and its receive direction
-        assert r["delegated"] == [(0, "bwd"), (0, "fwd")]
+        assert r["routed"] == [(0, "bwd"), (0, "fwd")] and r["delegated"] == [0]
         assert all(step == 3 for step, *_ in r["log"]), r["log"]
 
 
 def test_training_survives_a_link_going_down(tmp_path, no_leftovers) -> None:
     """llama3 debug, PP=2, transport "auto": link 0 goes down (inf) from step 3 on; all 5 steps
     complete with the losses of an undisturbed run and the log reports the failover."""
-    from conftest import torchrun
+    from tests.launch import torchrun
 
     common = ("--training.steps", "5", "--training.seq_len", "32", "--metrics.log_freq", "1")
     common += ("--parallelism.pipeline_parallel_schedule", "PipeMorph")

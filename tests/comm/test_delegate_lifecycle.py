@@ -1,4 +1,4 @@
-"""Delegate lifecycle (issue 5): after a normal close, an exception, SIGTERM and SIGKILL of a rank,
+"""Delegate lifecycle: after a normal close, an exception, SIGTERM and SIGKILL of a rank,
 no delegate process of the run is alive (``/proc`` scan, what ``ps`` shows) and ``/dev/shm``
 holds no ``titan_morph_*`` segment of it.
 
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent.parent
 
 
 def processes_mentioning(text: str) -> list[tuple[int, str]]:
-    from conftest import processes_mentioning as scan
+    from tests.launch import processes_mentioning as scan
 
     return scan(text)
 
@@ -70,7 +70,7 @@ def _gone(marker: str, timeout_s: float = 15.0) -> tuple[list, list]:
 
 
 def test_nothing_left_after_close_and_after_an_exception() -> None:
-    from .spawn_ranks import run_ranks
+    from tests.launch import run_ranks
 
     results = run_ranks(_close_and_raise, 2, timeout=120)
     assert results[0] == results[1]
@@ -98,7 +98,7 @@ def _rank_main(rank: int, world: int, port: int) -> None:
 
 
 def _start_ranks(world: int = 2) -> tuple[list[subprocess.Popen], str]:
-    from .spawn_ranks import free_port
+    from tests.launch import free_port
 
     port = free_port()
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}", "OMP_NUM_THREADS": "1"}

@@ -1,4 +1,4 @@
-"""Acceptance (issue 5): real llama3 debug training with ``[morph] transport = "delegate"`` gives the
+"""Real llama3 debug training with ``[morph] transport = "delegate"`` gives the
 same per-step losses as the default transport (real torchrun, CPU, 5 steps), and leaves no
 delegate process or shared-memory segment behind.
 
@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import processes_mentioning, torchrun
 
+from tests.launch import processes_mentioning, torchrun
 from titan_morph.comm.shm import leftovers
 
 STEPS = 5

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from .spawn_ranks import run_ranks
+from tests.launch import run_ranks
 
 TOL_MS = 2.0
 
@@ -23,10 +23,10 @@ def _payload(link: int, direction: str, seq: int, numel: int):
 
 
 def _emulator(rank: int, world: int, model, depth=None, **kw):
-    from titan_morph.comm import EmulatedTransport, TorchTransport, sync_epoch
+    from titan_morph.comm import EmulatedTransport, TorchTransport, sync_clock
 
     return EmulatedTransport(
-        TorchTransport(), model, stage=rank, num_stages=world, depth=depth, epoch=sync_epoch(), **kw
+        TorchTransport(), model, stage=rank, num_stages=world, depth=depth, epoch=sync_clock().epoch, **kw
     )
 
 

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from .spawn_ranks import run_ranks
+from tests.launch import run_ranks
 
 MICROBATCHES = 4
 
@@ -30,11 +30,11 @@ class _Recording:
 def test_swap_restore_nesting_and_errors():
     from torch.distributed.pipelining import schedules
 
-    from titan_morph.comm import TorchTransport, Transport, active_transport, use_transport
+    from titan_morph.comm import P2P, TorchTransport, Transport, active_transport, use_transport
 
     original = schedules._batch_p2p
     a, b = _Recording(), _Recording()
-    assert isinstance(a, Transport) and isinstance(TorchTransport(), Transport)
+    assert isinstance(a, P2P) and not isinstance(a, Transport) and isinstance(TorchTransport(), Transport)
     with use_transport(a):
         assert schedules._batch_p2p is not original and active_transport() is a
         schedules._batch_p2p([], desc="fwd_send")  # looked up at call time, as the runtime does
@@ -97,7 +97,7 @@ def _pipeline(rank: int, world: int, schedule_name: str, kinds: list[str]) -> di
     from torch import nn
     from torch.distributed.pipelining import PipelineStage, schedules
 
-    from titan_morph.comm import EmulatedTransport, TorchTransport, sync_epoch, use_transport
+    from titan_morph.comm import EmulatedTransport, TorchTransport, sync_clock, use_transport
     from titan_morph.comm.transport import _torch_batch_p2p
     from titan_morph.pipelining.links import StaticDelays
 
@@ -136,7 +136,7 @@ def _pipeline(rank: int, world: int, schedule_name: str, kinds: list[str]) -> di
             else:
                 model = StaticDelays((10.0,) * (world - 1), (20.0,) * (world - 1))
                 transport = EmulatedTransport(
-                    TorchTransport(), model, stage=rank, num_stages=world, depth=2, epoch=sync_epoch()
+                    TorchTransport(), model, stage=rank, num_stages=world, depth=2, epoch=sync_clock().epoch
                 )
             with use_transport(transport):
                 losses, grads = step()

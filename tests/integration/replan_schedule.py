@@ -10,17 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from titan_morph.integration.morph_schedules import (
+from titan_morph.comm.clock import sync_clock
+from titan_morph.integration.assembly import (
+    ScheduleRequest,
     cost_model,
     initial_plan,
     make_transport,
     prepare_stage,
     transport_depth,
 )
-from titan_morph.integration.schedules import ScheduleRequest, register_schedule
+from titan_morph.integration.schedules import register_schedule
 from titan_morph.pipelining.builders import build
 from titan_morph.pipelining.model import Plan
-from titan_morph.pipelining.schedule import MorphSchedule
+from titan_morph.runtime.schedule import MorphSchedule
 
 SWITCH_AT_STEP = 3  # TorchTitan steps are 1-based
 
@@ -46,14 +48,15 @@ def _build(req: ScheduleRequest) -> ReplanSchedule:
     second = build("pipemorph", delayed.with_memory(2 * stages))
     if second.plan_id == first.plan_id:
         raise AssertionError("the replacement plan must differ from the first one")
-    prepare_stage(req)
+    clock = prepare_stage(req)
     return ReplanSchedule(
         [req.stage],
         req.n_microbatches,
         req.loss_fn,
         plan=first,
         next_plan=second,
-        transport=make_transport(req),
+        transport=make_transport(req, sync_clock(req.stage.group)),
+        device_clock=clock,
         scale_grads=False,
         planned_depth=transport_depth(morph),
     )

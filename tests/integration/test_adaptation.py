@@ -1,4 +1,4 @@
-"""Live adaptation end to end (issue 6): 4 real ranks on the synthetic testbed, read back from TensorBoard.
+"""Live adaptation end to end (§6): 4 real ranks on the synthetic testbed, read back from TensorBoard.
 
 Link 2-3 turns slow (60 ms) at step 3 and recovers after step 5 (``train_configs/adapt_cpu.toml``
 with shorter windows). With k = 2 and m = 2 the monitor must: see the delay from step 3 on, decide
@@ -10,7 +10,8 @@ Iteration times are the benchmark's business (``benchmarks/bench_adaptation.py``
 from __future__ import annotations
 
 import pytest
-from conftest import REPO, torchrun
+
+from tests.launch import REPO, torchrun
 
 CONFIG = REPO / "train_configs" / "adapt_cpu.toml"
 
@@ -58,19 +59,12 @@ def test_detect_replan_delegate_and_recover(tmp_path, no_leftovers):
     assert changes[3] == 0 and changes[4] == 1 and changes[steps] == 2, changes  # counted when installed
     assert run.scalars("morph/decisions")[steps] == 2
     assert 0 <= min(run.scalars("morph/bubble_rate").values()) < 1
-    for tag in ("morph/measured_makespan_ms", "morph/planned_makespan_ms", "morph/monitor_ms", "throughput(tps)"):
+    for tag in ("morph/pipeline_ms", "morph/planned_makespan_ms", "morph/monitor_ms", "throughput(tps)"):
         assert sorted(run.scalars(tag)) == all_steps, tag
     planned = run.scalars("morph/planned_delay_ms/link2")
     assert planned[4] >= 60 and planned[steps] == 0, planned
 
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    images = []
-    for folder in run.tb_dirs():
-        acc = EventAccumulator(folder, size_guidance={"images": 0})
-        acc.Reload()
-        if "morph/plan_timeline" in acc.Tags().get("images", []):
-            images += [ev.step for ev in acc.Images("morph/plan_timeline")]
+    images = run.image_steps("morph/plan_timeline")
     # the new plan's timeline, rendered in the background after the change at step 4 and logged when ready
     assert images and images[0] >= 4 and len(images) <= 2, images
     assert "link 2 slow: delay" in run.output and "link 2 recovered" in run.output

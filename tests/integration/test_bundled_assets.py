@@ -5,8 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import REPO
-
+from tests.launch import REPO
 from titan_morph.integration.data import ASSETS_DIR, CORPUS_FILE, DATASET_NAME, TOKENIZER_DIR, load_text_lines
 
 DEBUG_VOCAB = 2048  # TorchTitan's llama3 debugmodel vocab_size

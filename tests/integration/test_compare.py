@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, processes_mentioning
 
+from tests.launch import REPO, processes_mentioning
 from titan_morph.compare.__main__ import main as compare_main
 from titan_morph.compare.configs import ComparisonError, resolve_job_config
 from titan_morph.compare.results import RunSummary
@@ -262,15 +262,9 @@ def test_sweep_table_ratios_to_the_target_and_to_no_delay() -> None:
 
 
 def _tb_scalars(run_dir: Path, tag: str) -> dict[int, float]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from titan_morph.compare.results import read_scalars
 
-    values: dict[int, float] = {}
-    for folder in sorted((run_dir / "tb").glob("*")):
-        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
-        acc.Reload()
-        if tag in acc.Tags().get("scalars", []):
-            values.update({ev.step: ev.value for ev in acc.Scalars(tag)})
-    return values
+    return read_scalars(run_dir).get(tag, {})
 
 
 def _shm_segments() -> set[str]:

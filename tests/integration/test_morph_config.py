@@ -7,8 +7,8 @@ import os
 from dataclasses import replace
 
 import pytest
-from conftest import DEFAULT_CONFIG, REPO
 
+from tests.launch import DEFAULT_CONFIG, REPO
 from titan_morph.integration.config import (
     Inject,
     Morph,
@@ -203,8 +203,8 @@ def test_trace_file_is_checked_against_the_pipeline(tmp_path):
 
 def test_plan_delays_make_pipemorph_plan_for_them():
     """plan_delays_ms: PipeMorph starts from Alg. 2 for those delays (more warm-up before the slow link)."""
+    from titan_morph.integration.assembly import initial_plan
     from titan_morph.integration.config import parse_plan_delays
-    from titan_morph.integration.morph_schedules import initial_plan
 
     assert parse_plan_delays("", 3) is None and parse_plan_delays("60", 3) == (60.0, 60.0, 60.0)
     base = replace(Morph(), memory_budget=7, stage_times_ms="10,10,10")

@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import REPO, torchrun
+
+from tests.launch import REPO, torchrun
 
 STEPS = 5
 COMMON = ("--training.steps", str(STEPS), "--training.seq_len", "32", "--metrics.log_freq", "1")

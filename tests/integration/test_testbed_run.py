@@ -9,7 +9,8 @@ losses under an emulated 30 ms delay on link 0-1. Timings themselves are the ben
 from __future__ import annotations
 
 import pytest
-from conftest import REPO, torchrun
+
+from tests.launch import REPO, torchrun
 
 CONFIG = REPO / "train_configs" / "synthetic_cpu.toml"
 STEPS = 3

@@ -10,7 +10,8 @@ import math
 import sys
 
 import pytest
-from conftest import DEFAULT_CONFIG, LOSS_TAG, REPO, TPS_TAG, launch, torchrun
+
+from tests.launch import DEFAULT_CONFIG, LOSS_TAG, REPO, TPS_TAG, launch, torchrun
 
 
 def _assert_ok(result) -> None:

@@ -1,5 +1,5 @@
-"""export.py: torch _Action conversion, compute-only CSV round trip (incl. torch's own loader),
-ASCII view, Chrome trace and timeline PNG. Run: ``.venv/bin/pytest tests/pipelining/test_export.py``."""
+"""export.py: compute-only CSV round trip (incl. torch's own loader and the runtime's _Action
+lowering), ASCII view, Chrome trace and timeline PNG. Run: ``.venv/bin/pytest tests/pipelining/test_export.py``."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from titan_morph.pipelining.export import (
     format_orders,
     load_orders_json,
     read_csv,
-    to_actions,
     write_csv,
 )
 from titan_morph.pipelining.model import CostModel, Op, Plan
+from titan_morph.runtime.actions import to_actions
 
 
 def _orders(text: str) -> tuple[tuple[Op, ...], ...]:

@@ -1,18 +1,13 @@
 """MorphSchedule on real gloo ranks: same losses/grads as torch's Schedule1F1B, re-planning works.
 
-Each rank holds one ``PipelineStage`` of a tiny MLP (one stage per rank). The file doubles as the
-worker script: ``python test_morph_schedule.py --worker RANK WORLD INIT MODE OUT``.
+Each rank holds one ``PipelineStage`` of a tiny MLP (one stage per rank), on real gloo ranks.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.launch import free_port, run_ranks
+from tests.launch import run_ranks
 
 MICROBATCHES, BATCH, ITERS, LR, WIDTH = 8, 16, 3, 0.05, 16
 
@@ -47,84 +42,70 @@ def _plans(mode: str, stages: int):
     return build(mode, delayed if mode == "pipemorph" else model), None
 
 
-def _worker(rank: int, world: int, init: str, mode: str, out: str) -> None:
-    from datetime import timedelta
-
+def _worker(rank: int, world: int, mode: str) -> dict:
     import torch
-    import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import Schedule1F1B
 
-    from titan_morph.pipelining.schedule import MorphSchedule, PlanMismatchError
-    from titan_morph.testbed import StageTimes, pad_stage_compute
+    from titan_morph.runtime.schedule import MorphSchedule, PlanMismatchError
+    from titan_morph.runtime.testbed import StageTimes, pad_stage_compute
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=60))
-    try:
-        part = _build_model(world)[rank]
-        stage = PipelineStage(part, rank, world, torch.device("cpu"))
-        loss_fn = torch.nn.MSELoss()
-        if mode == "torch-1f1b":
-            schedule = Schedule1F1B(stage, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
+    part = _build_model(world)[rank]
+    stage = PipelineStage(part, rank, world, torch.device("cpu"))
+    loss_fn = torch.nn.MSELoss()
+    if mode == "torch-1f1b":
+        schedule = Schedule1F1B(stage, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
+    else:
+        clock = None
+        if mode == "padded":
+            clock = pad_stage_compute(stage, StageTimes(4.0, 3.0, 2.0))
+            first, switch = _plans("zb-h2", world)
         else:
-            if mode == "padded":
-                pad_stage_compute(stage, StageTimes(4.0, 3.0, 2.0))
-                first, switch = _plans("zb-h2", world)
-            else:
-                first, switch = _plans(mode, world)
-            schedule = MorphSchedule([stage], MICROBATCHES, loss_fn, plan=first)
-        record: dict = {"losses": [], "grads": [], "plan_ids": [], "ops": []}
-        if mode == "mismatch":
-            from titan_morph.pipelining.builders import build
+            first, switch = _plans(mode, world)
+        schedule = MorphSchedule([stage], MICROBATCHES, loss_fn, plan=first, device_clock=clock)
+    record: dict = {"losses": [], "grads": [], "plan_ids": [], "ops": []}
+    if mode == "mismatch":
+        from titan_morph.pipelining.builders import build
 
-            other = build("zb-h2", first.model) if rank == 0 else first
-            try:
-                schedule.set_plan(other)
-            except PlanMismatchError as exc:
-                record["mismatch"] = str(exc)
-            Path(out).write_text(json.dumps(record))
-            return
-        opt = torch.optim.SGD(part.parameters(), lr=LR)
-        for it in range(ITERS):
-            if it == 1 and mode == "replan":
-                schedule.set_plan(switch)
-            x, y = _data(it)
-            opt.zero_grad()
-            losses: list = []
-            if rank == 0:
-                schedule.step(x)
-            elif rank == world - 1:
-                schedule.step(target=y, losses=losses)
-                record["losses"].append([loss.item() for loss in losses])
-            else:
-                schedule.step()
-            record["grads"].append({n: p.grad.flatten().tolist() for n, p in part.named_parameters()})
-            opt.step()
-            if isinstance(schedule, MorphSchedule):
-                rec = schedule.records[-1]
-                record["plan_ids"].append(rec.plan_id)
-                record["ops"].append([[k, mb, s, e] for k, mb, s, e in rec.op_ms])
-        Path(out).write_text(json.dumps(record))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        other = build("zb-h2", first.model) if rank == 0 else first
+        try:
+            schedule.set_plan(other)
+        except PlanMismatchError as exc:
+            record["mismatch"] = str(exc)
+        return record
+    opt = torch.optim.SGD(part.parameters(), lr=LR)
+    for it in range(ITERS):
+        if it == 1 and mode == "replan":
+            schedule.set_plan(switch)
+        x, y = _data(it)
+        opt.zero_grad()
+        losses: list = []
+        if rank == 0:
+            schedule.step(x)
+        elif rank == world - 1:
+            schedule.step(target=y, losses=losses)
+            record["losses"].append([loss.item() for loss in losses])
+        else:
+            schedule.step()
+        record["grads"].append({n: p.grad.flatten().tolist() for n, p in part.named_parameters()})
+        opt.step()
+        if isinstance(schedule, MorphSchedule):
+            rec = schedule.records[-1]
+            record["plan_ids"].append(rec.plan_id)
+            record["ops"].append([[k, mb, s, e] for k, mb, s, e in rec.op_ms])
+    return record
 
 
-def _run(mode: str, world: int, tmp_path: Path) -> list[dict]:
-    init = f"tcp://127.0.0.1:{free_port()}"
-    outs = [tmp_path / f"{mode}-{world}-rank{r}.json" for r in range(world)]
-    run_ranks(
-        [[__file__, "--worker", str(r), str(world), init, mode, str(outs[r])] for r in range(world)],
-        timeout_s=180,
-    )
-    return [json.loads(p.read_text()) for p in outs]
+def _run(mode: str, world: int) -> list[dict]:
+    return run_ranks(_worker, world, mode, timeout=180, pg_timeout_s=60)
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("world", [2, 4])
-def test_morph_schedules_match_torch_1f1b_bit_for_bit(world: int, tmp_path: Path) -> None:
-    reference = _run("torch-1f1b", world, tmp_path)
+def test_morph_schedules_match_torch_1f1b_bit_for_bit(world: int) -> None:
+    reference = _run("torch-1f1b", world)
     for mode in ("zb-h1", "zb-h2", "pipemorph", "replan"):
-        got = _run(mode, world, tmp_path)
+        got = _run(mode, world)
         assert got[-1]["losses"] == reference[-1]["losses"], f"{mode}: losses differ from Schedule1F1B"
         for r in range(world):
             assert got[r]["grads"] == reference[r]["grads"], f"{mode}: rank {r} gradients differ"
@@ -135,17 +116,17 @@ def test_morph_schedules_match_torch_1f1b_bit_for_bit(world: int, tmp_path: Path
 
 
 @pytest.mark.timeout(300)
-def test_plan_mismatch_is_detected_on_every_rank(tmp_path: Path) -> None:
-    got = _run("mismatch", 2, tmp_path)
+def test_plan_mismatch_is_detected_on_every_rank() -> None:
+    got = _run("mismatch", 2)
     for r, rec in enumerate(got):
         assert "different plans" in rec.get("mismatch", ""), f"rank {r} did not detect the mismatch: {rec}"
 
 
 @pytest.mark.timeout(300)
-def test_testbed_pads_each_op_to_its_configured_time(tmp_path: Path) -> None:
-    from titan_morph.testbed import DEFAULT_HIDE_HOST_GAP_MS as hide
+def test_testbed_pads_each_op_to_its_configured_time() -> None:
+    from titan_morph.runtime.testbed import DEFAULT_HIDE_HOST_GAP_MS as hide
 
-    got = _run("padded", 2, tmp_path)
+    got = _run("padded", 2)
     targets = {"F": 4.0, "I": 3.0, "W": 2.0}
     for r, rec in enumerate(got):
         ops = rec["ops"][-1]
@@ -158,7 +139,3 @@ def test_testbed_pads_each_op_to_its_configured_time(tmp_path: Path) -> None:
         span = ops[-1][3] - ops[0][2]
         total = sum(targets[kind] for kind, *_ in ops)
         assert span >= total - hide - 0.05, f"rank {r}: ops span {span:.1f} ms < their device time {total} ms"
-
-
-if __name__ == "__main__" and len(sys.argv) == 7 and sys.argv[1] == "--worker":
-    _worker(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6])

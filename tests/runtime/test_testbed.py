@@ -1,4 +1,4 @@
-"""The testbed's device clock (titan_morph.testbed): when an op's padded time starts."""
+"""The testbed's device clock (titan_morph.runtime.testbed): when an op's padded time starts."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from titan_morph import testbed
-from titan_morph.testbed import DeviceClock, StageTimes
+from titan_morph.runtime import testbed
+from titan_morph.runtime.testbed import DeviceClock, StageTimes
 
 
 @pytest.fixture
@@ -86,8 +86,18 @@ class _Rec:
 
 
 class _Handle:
+    """A receive handle as the transports' Handle protocol describes it."""
+
+    ops = ()
+
     def __init__(self, due_s):
         self.record, self.due_s = _Rec(), due_s
+
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
 
 
 def test_due_of_a_wait_is_its_latest_delivery_or_the_wait_end():

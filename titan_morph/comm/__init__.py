@@ -1,14 +1,19 @@
-"""Pipeline data plane: Transport protocol and runtime swap, link emulator, delegated transport, failover.
+"""Pipeline data plane: the written Transport protocol and its implementations.
 
 Imports are lazy (PEP 562) so ``import titan_morph.comm`` loads neither torch.distributed nor
 threads; ``from titan_morph.comm import EmulatedTransport`` imports what it names.
 
+Modules: ``transport`` (the :class:`Transport` and :class:`Handle` protocols, torch's own P2P),
+``records`` (message records), ``clock`` (the pipeline's common clock), ``groups`` (CPU groups for
+small collectives), ``scope`` (swap torch's ``_batch_p2p`` for one step), ``recorded`` (torch P2P
+with records), ``emulator`` (the link emulator), ``delegate`` + ``delegate_worker`` + ``shm`` (the
+delegated data plane), ``failover`` (``auto``: default path, delegated on demand or on failure).
+
 Use from a pipeline schedule (one stage per pp rank)::
 
-    epoch = sync_epoch(pp_group)                      # once, collective over the pp group
-    transport = EmulatedTransport(TorchTransport(), link_model, stage=pp_rank, num_stages=pp_size,
-                                  group=pp_group, depth=2, epoch=epoch)   # depth=None: non-blocking
-    # (no emulation: transport = TorchTransport())
+    clock = sync_clock(pp_group)                      # once, collective over the pp group
+    transport = EmulatedTransport(TorchTransport(clock.epoch), link_model, stage=pp_rank,
+                                  num_stages=pp_size, group=pp_group, depth=2, epoch=clock.epoch)
     for step in ...:
         transport.set_step(step)                      # before the step: step-keyed traces
         with use_transport(transport):                # swap torch's _batch_p2p for this step only
@@ -26,6 +31,7 @@ from typing import Any
 
 _EXPORTS = {
     "Handle": "transport",
+    "P2P": "transport",
     "Transport": "transport",
     "TorchTransport": "transport",
     "TorchHandle": "transport",
@@ -34,21 +40,24 @@ _EXPORTS = {
     "group_by_link": "transport",
     "use_transport": "scope",
     "active_transport": "scope",
+    "CommonClock": "clock",
+    "sync_clock": "clock",
+    "cpu_group": "groups",
+    "MessageRecord": "records",
+    "CommTimeoutError": "records",
     "EmulatedTransport": "emulator",
-    "MessageRecord": "emulator",
-    "CommTimeoutError": "emulator",
-    "sync_epoch": "emulator",
-    "LinkDownError": "emulator",
     "DelegateTransport": "delegate",
     "DelegateError": "delegate",
     "FailoverTransport": "failover",
     "RecordedTransport": "recorded",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "LinkDownError"])
 
 
 def __getattr__(name: str) -> Any:
+    if name == "LinkDownError":  # defined with the link model, raised by the transports
+        return importlib.import_module("titan_morph.pipelining.links").LinkDownError
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'titan_morph.comm' has no attribute {name!r}")

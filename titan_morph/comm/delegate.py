@@ -1,4 +1,4 @@
-"""DelegateTransport: pipeline traffic through shared memory and Gloo delegate processes (issue 5).
+"""DelegateTransport: pipeline traffic through shared memory and Gloo delegate processes (§5).
 
 Paper §5: the training process must never wait on the wire. A send copies the message into a
 free slot of a shared-memory ring (:mod:`titan_morph.comm.shm`), sets the slot's FILLED flag and
@@ -6,7 +6,8 @@ returns; a *delegate* subprocess (:mod:`titan_morph.comm.delegate_worker`) puts 
 pair group. On the receiving rank a delegate eagerly receives into its own ring and raises READY;
 the receive handle's ``wait`` waits (bounded) for that and copies the bytes into the stage's
 receive buffer (the P2POp tensor). The delegate's arrival time becomes ``MessageRecord.arrived``
-(issue 6): when the data was in this rank's receive path, however late the trainer consumes it —
+(the monitor's delivery delays): when the data was in this rank's receive path, however late the
+trainer consumes it —
 unless all ``slots`` of that size were still unconsumed, then the delegate held the payload on the
 wire until one was (back-pressure; the arrival then includes the consumer's lag).
 
@@ -41,7 +42,6 @@ and peer.
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import json
 import math
@@ -52,8 +52,7 @@ import sys
 import threading
 import time
 import uuid
-import weakref
-from collections import deque
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -61,7 +60,8 @@ import torch
 import torch.distributed as dist
 
 from titan_morph.comm import delegate_worker as wire
-from titan_morph.comm.emulator import CommTimeoutError, MessageBook, MessageRecord
+from titan_morph.comm.clock import sync_clock
+from titan_morph.comm.records import CommTimeoutError, MessageBook, MessageRecord
 from titan_morph.comm.shm import (
     CONSUMED,
     FILLED,
@@ -82,7 +82,6 @@ __all__ = ["DelegateError", "DelegateTransport"]
 
 STORE_PREFIX = "titan_morph/delegates"
 _instances = itertools.count()
-_live: weakref.WeakSet[DelegateTransport] = weakref.WeakSet()
 
 
 class DelegateError(RuntimeError):
@@ -168,6 +167,8 @@ class _Delegate:
 class _SendHandle:
     """A send is complete once its bytes are in shared memory (CUDA: once the side-stream copy ran)."""
 
+    due_s = None
+
     def __init__(self, ops: list[dist.P2POp], record: MessageRecord, event: Any = None) -> None:
         self.ops, self.record, self.event = ops, record, event
 
@@ -189,10 +190,14 @@ class _RecvHandle:
         self.owner, self.ops, self.dg, self.local, self.record = owner, ops, dg, local, record
         self._done = False
 
+    due_s = None  # the delegate delivers on its own clock: the arrival is stamped, not predicted
+
     def wait(self, timeout: float | None = None) -> bool:
         if self._done:
             return True
         owner, dg, rec = self.owner, self.dg, self.record
+        if rec.waited is None:
+            rec.waited = owner.now_ms()
         bound = owner.timeout_s if timeout is None else timeout
         seg_id, slot, nbytes, t = owner._await_arrival(dg, self.local, bound, rec)
         # the receive delegate's clock: CLOCK_MONOTONIC is shared by the processes of one host
@@ -224,15 +229,6 @@ class _RecvHandle:
         return self._done
 
 
-@atexit.register
-def _close_live() -> None:
-    for t in list(_live):
-        try:
-            t.close(timeout=2.0, drain=False)
-        except Exception:
-            pass
-
-
 class DelegateTransport(MessageBook):
     """The delegated data plane (see module docstring). Construct on every pipeline rank, same order.
 
@@ -251,6 +247,7 @@ class DelegateTransport(MessageBook):
 
     name = "delegate"
     path = "delegate"
+    exit_timeout_s = 2.0
     depth = None  # never blocks the caller on the wire (LinkQueue depth=None semantics)
 
     def __init__(
@@ -270,10 +267,6 @@ class DelegateTransport(MessageBook):
         max_records: int = 200_000,
         wire_timeout_s: float = 7 * 24 * 3600.0,
     ) -> None:
-        if num_stages < 2:
-            raise ValueError(f"num_stages must be >= 2 for a delegated pipeline link, got {num_stages}")
-        if not 0 <= stage < num_stages:
-            raise ValueError(f"stage must be in 0..{num_stages - 1}, got {stage}")
         if not isinstance(delegates_per_link, int) or not 1 <= delegates_per_link <= 64:
             raise ValueError(f"delegates_per_link must be an integer in 1..64, got {delegates_per_link!r}")
         if not isinstance(slots, int) or not 1 <= slots <= 1024:
@@ -285,39 +278,30 @@ class DelegateTransport(MessageBook):
             raise ValueError(f"down_delay_ms must be a finite number of ms >= 0, got {down_delay_ms}")
         if links is not None and links.num_links != num_stages - 1:
             raise ValueError(f"link model has {links.num_links} links but {num_stages} stages need {num_stages - 1}")
-        if not dist.is_initialized():
-            raise RuntimeError("DelegateTransport needs torch.distributed to be initialized")
-        self.group = group if group is not None else dist.group.WORLD
-        rank, size = dist.get_rank(self.group), dist.get_world_size(self.group)
-        if size != num_stages or rank != stage:
-            raise ValueError(
-                f"DelegateTransport expects one stage per pipeline rank: group rank {rank} of {size}, "
-                f"got stage={stage} num_stages={num_stages}"
-            )
-        self.stage, self.num_stages, self.k, self.slots = stage, num_stages, delegates_per_link, slots
+        super().__init__(
+            stage=stage,
+            num_stages=num_stages,
+            group=group,
+            epoch=epoch if epoch is not None else sync_clock(group).epoch,
+            record=record,
+            max_records=max_records,
+        )
+        self.k, self.slots = delegates_per_link, slots
         self.links = links
         self.timeout_s, self.startup_timeout_s = float(timeout_s), float(startup_timeout_s)
-        self.record = record
-        self.step = 0
         self._closed = False
-        self._group_name = self.group.group_name
-        self._passthrough = TorchTransport()
-        self._lock = threading.Lock()
-        self._records: deque[MessageRecord] = deque(maxlen=max_records)
+        self._passthrough = TorchTransport(self.epoch)
         self._blocked: dict[int, float] = {}
         self._copy_ms: dict[int, float] = {}
-        self._send_seq: dict[tuple[int, str], int] = {}
-        self._recv_seq: dict[tuple[int, str], int] = {}
         self._queues: dict[tuple[int, str], LinkQueue] = {}
         self._emulated = _FiniteDelays(links, down_delay_ms) if links is not None else None
         self._cuda_stream: Any = None
         self._master: dist.TCPStore | None = None
         self.proc: subprocess.Popen | None = None
-        self.epoch = float(epoch) if epoch is not None else self._sync_epoch()
         self.token = self._rendezvous()
         self.prefix = f"{PREFIX}{self.token}_s{stage}_"
         self._delegates: dict[tuple[int, str], list[_Delegate]] = {}
-        _live.add(self)
+        self._close_at_exit()
         try:
             self._start(wire_timeout_s)
         except BaseException:
@@ -325,11 +309,6 @@ class DelegateTransport(MessageBook):
             raise
 
     # -- setup -----------------------------------------------------------------------------
-    def _sync_epoch(self) -> float:
-        from titan_morph.comm.emulator import sync_epoch
-
-        return sync_epoch(self.group)
-
     def _rendezvous(self) -> str:
         """Rank 0's trainer serves a TCPStore for the delegates; its address and a run token travel
         through the training group's store (key namespace per group and construction order)."""
@@ -403,13 +382,8 @@ class DelegateTransport(MessageBook):
                 if self.proc.poll() is not None:
                     raise DelegateError(f"stage {self.stage}: delegate root exited with code {self.proc.returncode}")
 
-    # -- time base -------------------------------------------------------------------------
-    def now_ms(self) -> float:
-        return (time.monotonic() - self.epoch) * 1e3
-
-    def set_step(self, step: int) -> None:
-        """Current training step (step-keyed traces); call before each schedule step."""
-        self.step = int(step)
+    def hint_issue(self, t_s: float, max_early_ms: float = 2.0) -> None:
+        pass  # a delegated send is timed from its copy into shared memory, which the caller does now
 
     # -- issue path ------------------------------------------------------------------------
     def batch_p2p(self, ops: list[dist.P2POp], desc: str | None = None) -> list[Handle]:
@@ -417,10 +391,7 @@ class DelegateTransport(MessageBook):
         if self._closed:
             raise RuntimeError("DelegateTransport is closed")
         ops = list(ops)
-        mine = [op for op in ops if op.group.group_name == self._group_name]
-        handles: list[Handle] = []
-        if len(mine) != len(ops):
-            handles += self._passthrough.batch_p2p([op for op in ops if op.group.group_name != self._group_name], desc)
+        mine, handles = self._partition(ops, self._passthrough.batch_p2p, desc)
         if not mine:
             return handles
         messages = group_by_link(mine, self.stage, self.num_stages)
@@ -570,7 +541,18 @@ class DelegateTransport(MessageBook):
         event.record(torch.cuda.current_stream())
         event.synchronize()
 
-    # -- metrics ---------------------------------------------------------------------------
+    # -- metrics and paths ---------------------------------------------------------------
+    failovers = 0  # everything is delegated: nothing to fail over
+
+    def delegated(self) -> frozenset[int]:
+        return frozenset(range(self.num_stages - 1))
+
+    def switch(self, links: Iterable[int]) -> None:
+        pass  # every link is on the delegated path already
+
+    def restore(self, links: Iterable[int]) -> None:
+        pass
+
     def blocked_ms(self) -> dict[int, float]:
         """Total ms the caller waited for a free slot (back-pressure), per link, since start."""
         return dict(self._blocked)
@@ -598,7 +580,7 @@ class DelegateTransport(MessageBook):
         if self._closed:
             return
         self._closed = True
-        _live.discard(self)
+        self._close_at_exit(closing=True)
         bound = self.timeout_s if timeout is None else timeout
         deadline = time.monotonic() + bound
         undrained = False

@@ -1,4 +1,4 @@
-"""The delegate processes of the delegated data plane (issue 5; paper §5.1–§5.2).
+"""The delegate processes of the delegated data plane (paper §5.1–§5.2).
 
 One *root* process is started per training rank (``python -m titan_morph.comm.delegate_worker``)
 by :class:`~titan_morph.comm.delegate.DelegateTransport`. It blocks SIGTERM, imports

@@ -1,4 +1,4 @@
-"""Link emulator: delay real pipeline messages exactly as the shared link model says (issue 4 item 3).
+"""Link emulator: delay real pipeline messages exactly as the shared link model says (paper §7 set-up).
 
 Semantics come from ``titan_morph.pipelining.links`` (one definition for simulator and emulator):
 a message accepted on a link at ``t`` with delay ``c`` is delivered at ``t + c``; links are FIFO
@@ -22,7 +22,7 @@ carries the planned delivery time, ``_RecvHandle.due_s``, for a device clock). T
 work is certain to complete at ≈ the delivery time; whoever blocks on it stamps
 ``MessageRecord.arrived`` when it does: the consumer if its ``wait`` had begun by the notice
 (so it wakes once, at the arrival, as with no watcher), else the watcher — the true arrival even
-while the training thread is busy elsewhere (issue 6: a straggler monitor measures per-link
+while the training thread is busy elsewhere (the straggler monitor measures per-link
 delivery delays from it). ``wait`` is bounded and re-raises the watcher's error. The store side
 channel exists because gloo cannot poll a receive: ``Work.is_completed`` stays False until
 ``wait``, a ``wait(timeout)`` that expires closes the pair to the peer, and a thread left blocked
@@ -38,7 +38,7 @@ whose peer never issues the send gives up after its consumer waited ``down_grace
 model says is down (its gloo receive stays posted; the peer's later placeholder, if any, completes
 it).
 
-Time base: all ranks share ``epoch`` (a ``time.monotonic()`` value, see :func:`sync_epoch`); times
+Time base: all ranks share ``epoch`` (the pipeline's common clock, :mod:`titan_morph.comm.clock`); times
 handed to the link model are ms since the epoch, and step-keyed traces read :attr:`step`.
 
 Threading: ``batch_p2p`` is meant for one issuing thread (the training loop; it holds a lock while
@@ -52,85 +52,20 @@ GIL in pure Python code, the stamp can lag by up to ``sys.getswitchinterval()`` 
 
 from __future__ import annotations
 
-import atexit
-import dataclasses
 import datetime
 import itertools
 import math
 import threading
 import time
-import weakref
 from collections import deque
-from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 
-from titan_morph.comm.transport import Handle, Transport, group_by_link, op_nbytes
+from titan_morph.comm.records import CommTimeoutError, MessageBook, MessageRecord
+from titan_morph.comm.transport import DefaultPathOnly, Handle, Transport, group_by_link
 from titan_morph.pipelining.links import LinkDownError, LinkModel, LinkQueue
 
-__all__ = ["CommTimeoutError", "EmulatedTransport", "LinkDownError", "MessageRecord", "sync_epoch"]
-
-
-class CommTimeoutError(TimeoutError):
-    """A pipeline message did not complete within its bound (names link, direction and peer)."""
-
-
-def sync_epoch(group: dist.ProcessGroup | None = None) -> float:
-    """Broadcast group rank 0's ``time.monotonic()`` taken right after a barrier (so t=0 is when all
-    ranks are ready); every rank uses it as t=0 of the link model. Collective over ``group``.
-
-    On one host ``CLOCK_MONOTONIC`` is shared by all processes, so the epoch is exact. Across hosts
-    monotonic clocks are unrelated: there each host would need its own offset (e.g. from
-    ``time.time()`` under NTP, ~ms accurate); this emulator targets one host.
-    """
-    dist.barrier(group=group)
-    t = torch.tensor([time.monotonic()], dtype=torch.float64)
-    dist.broadcast(t, group=group, group_src=0)
-    return float(t.item())
-
-
-@dataclass
-class MessageRecord:
-    """One pipeline message as seen by one side; times are ms since the transport's epoch.
-
-    Sender: ``issued`` (batch_p2p called, or the earlier device time the caller hinted with
-    :meth:`EmulatedTransport.hint_issue`), ``accepted`` (after head-of-line blocking), ``planned``
-    (= intended delivery, ``accepted + delay_ms`` or later for FIFO), ``released`` (handed to the
-    inner transport), ``completed`` (its wait returned). Receiver: ``issued`` (recv posted),
-    ``planned`` (the sender's planned delivery, from its notice), ``notified`` (sender's commit
-    notice seen), ``arrived`` (the data was in this rank's receive path, stamped by the transport
-    itself — a receive watcher thread, a delegate — whether or not the consumer was waiting; None
-    where the transport cannot tell, e.g. plain torch.distributed), ``completed`` (the consumer's
-    wait observed it: later than ``arrived`` whenever the consumer was busy).
-    Delivery delay of message ``seq`` = receiver ``arrived`` − sender ``accepted`` (issue 6; the
-    observed delay is ``completed`` − ``accepted`` when the receiver was already waiting).
-    ``path``: the transport that carried it (``"emulated"``, ``"delegate"``, ``"torch"``); sequence
-    numbers count per path, (link, direction), so a send matches its receive by
-    (path, link, direction, seq).
-    """
-
-    side: str
-    link: int
-    direction: str
-    seq: int
-    nbytes: int
-    step: int
-    peer_stage: int
-    issued: float
-    accepted: float | None = None
-    planned: float | None = None
-    delay_ms: float | None = None
-    released: float | None = None
-    notified: float | None = None
-    arrived: float | None = None
-    completed: float | None = None
-    status: str = "pending"  # pending | done | down | error
-    path: str = ""
-
-    @property
-    def blocked_ms(self) -> float:
-        return 0.0 if self.accepted is None else self.accepted - self.issued
+__all__ = ["EmulatedTransport"]
 
 
 class _Outgoing:
@@ -240,6 +175,8 @@ class _SendHandle:
     """Completes when the message was released and the inner send finished; ``ops``/``record`` are
     exposed so a failover path can re-issue the same ops elsewhere."""
 
+    due_s = None
+
     def __init__(self, owner: EmulatedTransport, item: _Outgoing) -> None:
         self.owner, self.item = owner, item
         self.ops, self.record = item.ops, item.record
@@ -279,7 +216,7 @@ class _RecvHandle:
         self.owner, self.ops, self.handles, self.key, self.record = owner, ops, handles, key, record
         self._done = False
         # When the link model delivers the message (time.monotonic() s), known once the sender's
-        # notice is read: a device clock (titan_morph.testbed) starts the consuming op then.
+        # notice is read: a device clock (titan_morph.runtime.testbed) starts the consuming op then.
         self.due_s: float | None = None
         self.settled = threading.Event()  # set by the watcher: notice handled (data too unless ``_by_consumer``)
         self.error: BaseException | None = None
@@ -297,6 +234,7 @@ class _RecvHandle:
         with self._lock:
             if self.wait_started is None:
                 self.wait_started = time.monotonic()
+                rec.waited = owner.now_ms()
         if not self.settled.wait(max(0.0, bound)):
             rec.status = "error"
             raise CommTimeoutError(
@@ -377,7 +315,7 @@ class _RecvHandle:
 
 class _RecvWatcher(threading.Thread):
     """Handles one (link, direction)'s posted receives in posting order as their notices and data
-    arrive, whatever the consumer is doing, so ``MessageRecord.arrived`` is the true arrival (issue 6)."""
+    arrive, whatever the consumer is doing, so ``MessageRecord.arrived`` is the true arrival."""
 
     def __init__(self, owner: EmulatedTransport, link: int, direction: str) -> None:
         super().__init__(name=f"titan_morph-recv-link{link}-{direction}", daemon=True)
@@ -415,58 +353,9 @@ _instances = itertools.count()
 # Commit notices older than this many messages on a (link, direction) are deleted by the sender: a
 # receiver never lags that far behind (a pipeline has at most ~microbatches messages in flight).
 KEY_WINDOW = 4096
-_live: weakref.WeakSet[EmulatedTransport] = weakref.WeakSet()
 
 
-@atexit.register
-def _close_live_transports() -> None:
-    """A link thread caught inside a C++ call at interpreter shutdown aborts the process; stop them."""
-    for t in list(_live):
-        try:
-            t.close(timeout=1.0, drain=False)
-        except Exception:
-            pass
-
-
-class MessageBook:
-    """Per-(link, direction) sequence numbers and :class:`MessageRecord` bookkeeping shared by the
-    emulated, delegated and recorded transports (needs ``step``, ``record``, ``_records``,
-    ``_lock``, ``now_ms`` and ``path``, the name its records carry)."""
-
-    path = ""
-
-    def _next(self, table: dict[tuple[int, str], int], link: int, direction: str) -> int:
-        seq = table.get((link, direction), 0)
-        table[(link, direction)] = seq + 1
-        return seq
-
-    def _new_record(self, side: str, link: int, direction: str, seq: int, ops: list[dist.P2POp]) -> MessageRecord:
-        peer = link + 1 if (side == "send") == (direction == "fwd") else link
-        rec = MessageRecord(side, link, direction, seq, op_nbytes(ops), self.step, peer, self.now_ms(), path=self.path)  # type: ignore[attr-defined]
-        if self.record:  # type: ignore[attr-defined]
-            self._records.append(rec)  # type: ignore[attr-defined]
-        return rec
-
-    def records(self) -> list[MessageRecord]:
-        """Snapshot of all message records so far (copies; both sides of this rank)."""
-        with self._lock:  # type: ignore[attr-defined]
-            return [dataclasses.replace(r) for r in self._records]  # type: ignore[attr-defined]
-
-    def take_records(self) -> list[MessageRecord]:
-        """Records so far, then forget them (per-step metrics without unbounded growth).
-
-        A message still in flight is returned now and updated no further in this list."""
-        with self._lock:  # type: ignore[attr-defined]
-            out = list(self._records)  # type: ignore[attr-defined]
-            self._records.clear()  # type: ignore[attr-defined]
-        return out
-
-    def clear_records(self) -> None:
-        with self._lock:  # type: ignore[attr-defined]
-            self._records.clear()  # type: ignore[attr-defined]
-
-
-class EmulatedTransport(MessageBook):
+class EmulatedTransport(DefaultPathOnly, MessageBook):
     """Wraps ``inner`` and delays pipeline messages per ``links`` (see module docstring).
 
     Args:
@@ -476,7 +365,7 @@ class EmulatedTransport(MessageBook):
         group: the pipeline process group (None = default group); ops on other groups pass through.
         depth: in-flight bound per (link, direction): an int models the blocking default
             transport, None a decoupled one (see ``LinkQueue``).
-        epoch: shared t=0 as a ``time.monotonic()`` value (:func:`sync_epoch`).
+        epoch: the pipeline's t=0 as a ``time.monotonic()`` value (:func:`~titan_morph.comm.clock.sync_clock`).
         record: keep a :class:`MessageRecord` per message (``records()``), the newest
             ``max_records`` of them (call ``take_records()`` per step to keep them all).
         timeout_s: default bound of every ``wait``; down_grace_s: how long a receive waits on a link
@@ -507,64 +396,36 @@ class EmulatedTransport(MessageBook):
         store: dist.Store | None = None,
         namespace: str | None = None,
     ) -> None:
-        if num_stages < 2:
-            raise ValueError(f"num_stages must be >= 2 for an emulated pipeline link, got {num_stages}")
         if links.num_links != num_stages - 1:
             raise ValueError(f"link model has {links.num_links} links but {num_stages} stages need {num_stages - 1}")
-        if not 0 <= stage < num_stages:
-            raise ValueError(f"stage must be in 0..{num_stages - 1}, got {stage}")
         if depth is not None and depth < 1:
             raise ValueError(f"depth must be >= 1 (or None for a non-blocking transport), got {depth}")
         for nm, v in (("timeout_s", timeout_s), ("down_grace_s", down_grace_s), ("poll_s", poll_s)):
             if not (v >= 0 and math.isfinite(v)) or (nm != "down_grace_s" and v == 0):
                 raise ValueError(f"{nm} must be a finite number of seconds > 0, got {v}")
-        if not dist.is_initialized():
-            raise RuntimeError("EmulatedTransport needs torch.distributed to be initialized")
-        self.group = group if group is not None else dist.group.WORLD
-        rank, size = dist.get_rank(self.group), dist.get_world_size(self.group)
-        if size != num_stages or rank != stage:
-            raise ValueError(
-                f"EmulatedTransport expects one stage per pipeline rank: group rank {rank} of {size}, "
-                f"got stage={stage} num_stages={num_stages}"
-            )
-        self.inner, self.links = inner, links
-        self.stage, self.num_stages, self.depth, self.epoch = stage, num_stages, depth, float(epoch)
-        self.record = record
+        super().__init__(
+            stage=stage, num_stages=num_stages, group=group, epoch=epoch, record=record, max_records=max_records
+        )
+        self.inner, self.links, self.depth = inner, links, depth
         self.timeout_s, self.down_grace_s, self.poll_s = float(timeout_s), float(down_grace_s), float(poll_s)
-        self.step = 0
-        self._group_name = self.group.group_name
         self._base_store = store if store is not None else dist.distributed_c10d._get_default_store()
         ns = namespace if namespace is not None else f"titan_morph/emu/{self._group_name}/{next(_instances)}"
         self._namespace = ns
         self._send_store = dist.PrefixStore(ns, self._base_store.clone())
         self._send_store_lock, self._recv_lock = threading.Lock(), threading.Lock()
         self._recv_clients: dict[tuple[int, str], list] = {}
-        self._lock = threading.Lock()  # issue path: queues, sequence numbers, records
         self._queues: dict[tuple[int, str], LinkQueue] = {}
         self._senders: dict[tuple[int, str], _Sender] = {}
         self._watchers: dict[tuple[int, str], _RecvWatcher] = {}
-        self._send_seq: dict[tuple[int, str], int] = {}
-        self._recv_seq: dict[tuple[int, str], int] = {}
-        if max_records < 1:
-            raise ValueError(f"max_records must be >= 1, got {max_records}")
-        self._records: deque[MessageRecord] = deque(maxlen=max_records)
         self._blocked: dict[int, float] = {}
         # Sends not yet waited, kept alive: dropping a gloo Work before it completes cancels the send.
         self._unwaited: dict[int, _Outgoing] = {}
         self._closed = False
         self._issue_hint: tuple[float, float] | None = None
         self._last_issue: dict[tuple[int, str], float] = {}
-        _live.add(self)
+        self._close_at_exit()
 
     # -- time base -------------------------------------------------------------------------
-    def now_ms(self) -> float:
-        """Milliseconds since the shared epoch (the link model's clock)."""
-        return (time.monotonic() - self.epoch) * 1e3
-
-    def set_step(self, step: int) -> None:
-        """Current training step, read by step-keyed traces; call before each schedule step."""
-        self.step = int(step)
-
     def hint_issue(self, t_s: float, max_early_ms: float = 2.0) -> None:
         """The sends of the next ``batch_p2p`` were logically issued at ``t_s`` (``time.monotonic()``).
 
@@ -648,10 +509,7 @@ class EmulatedTransport(MessageBook):
         if self._closed:
             raise RuntimeError("EmulatedTransport is closed")
         ops = list(ops)
-        mine = [op for op in ops if op.group.group_name == self._group_name]
-        handles: list[Handle] = []
-        if len(mine) != len(ops):  # traffic outside the pipeline group is not on an emulated link
-            handles += self.inner.batch_p2p([op for op in ops if op.group.group_name != self._group_name], desc)
+        mine, handles = self._partition(ops, self.inner.batch_p2p, desc)  # other groups: no emulated link
         if not mine:
             return handles
         messages = group_by_link(mine, self.stage, self.num_stages)
@@ -703,7 +561,7 @@ class EmulatedTransport(MessageBook):
         self._sender(link, direction).put(item)
         return _SendHandle(self, item)
 
-    # -- metrics ---------------------------------------------------------------------------
+    # -- metrics -------------------------------------------------------------------------
     def blocked_ms(self) -> dict[int, float]:
         """Total time the caller was blocked by full links (head-of-line), per link, in ms, since start."""
         return dict(self._blocked)
@@ -715,6 +573,7 @@ class EmulatedTransport(MessageBook):
         if self._closed:
             return
         self._closed = True
+        self._close_at_exit(closing=True)
         deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
         for w in self._watchers.values():
             w.stop()

@@ -1,6 +1,6 @@
-"""RecordedTransport: plain torch.distributed P2P that keeps a :class:`MessageRecord` per message
-(issue 6), so the straggler monitor also works without the link emulator (``[morph] transport =
-"default"`` with no injection, including real GPU clusters).
+"""RecordedTransport: plain torch.distributed P2P that keeps a :class:`MessageRecord` per message,
+so the straggler monitor also works without the link emulator (``[morph] transport = "default"``
+with no injection, including real GPU clusters).
 
 The ops of one ``batch_p2p`` call go to ``inner`` in one call, exactly as torch's ``_batch_p2p``
 issues them (NCCL coalescing of mixed batches included); this wrapper only names each message
@@ -8,42 +8,42 @@ issues them (NCCL coalescing of mixed batches included); this wrapper only names
 no store traffic: a dict lookup and a record per message.
 
 Stamps (ms since ``epoch``): a send has ``issued = accepted`` = the call (torch queues it at once)
-and ``completed`` = its wait returned; a receive has ``issued`` = posted and ``completed`` = the
-consumer's wait returned. ``arrived`` stays None: gloo cannot report a receive before its wait,
-and on NCCL ``wait`` is stream-ordered (it returns once the receive is queued on the current
-stream, not when the data is there). A monitor therefore gets an exact delivery sample only from
-a receive the consumer was already blocked on when the data came (``completed`` − sender
-``accepted``, for a consumer that waited before the data could arrive); other receives bound the
-delay from above.
+and ``completed`` = its wait returned; a receive has ``issued`` = posted, ``waited`` = the consumer
+began waiting and ``completed`` = that wait returned. ``arrived`` stays None: gloo cannot report a
+receive before its wait, and on NCCL ``wait`` is stream-ordered (it returns once the receive is
+queued on the current stream, not when the data is there). A monitor therefore gets an exact
+delivery sample only from a receive the consumer was already blocked on when the data came;
+other receives bound the delay from above.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import deque
 
 import torch.distributed as dist
 
-from titan_morph.comm.emulator import MessageBook, MessageRecord
-from titan_morph.comm.transport import Handle, Transport, group_by_link
+from titan_morph.comm.records import MessageBook, MessageRecord
+from titan_morph.comm.transport import DefaultPathOnly, Handle, Transport, group_by_link
 
 __all__ = ["RecordedTransport"]
 
 
 class _Handle:
-    """One message's inner works; the first wait that returns stamps ``completed``."""
+    """One message's inner works; the first wait stamps ``waited``, the first that returns ``completed``."""
 
     __slots__ = ("owner", "ops", "record", "works")
+    due_s = None
 
     def __init__(self, owner: RecordedTransport, ops: list[dist.P2POp], record: MessageRecord, works: list) -> None:
         self.owner, self.ops, self.record, self.works = owner, ops, record, works
 
     def wait(self, timeout: float | None = None) -> bool:
+        rec = self.record
+        if rec.waited is None:
+            rec.waited = self.owner.now_ms()
         deadline = None if timeout is None else time.monotonic() + timeout
         for w in self.works:
             w.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        rec = self.record
         if rec.completed is None:
             rec.completed = self.owner.now_ms()
             rec.status = "done"
@@ -53,7 +53,7 @@ class _Handle:
         return self.record.completed is not None
 
 
-class RecordedTransport(MessageBook):
+class RecordedTransport(DefaultPathOnly, MessageBook):
     """Records every pipeline message of ``inner`` (normally :class:`TorchTransport`); see module docstring.
 
     Args:
@@ -61,13 +61,14 @@ class RecordedTransport(MessageBook):
         stage, num_stages: this rank's stage (= its rank in ``group``) and the pipeline size.
         group: the pipeline process group (None = default group); ops on other groups pass through
             unrecorded.
-        epoch: shared t=0 as a ``time.monotonic()`` value (:func:`~titan_morph.comm.emulator.sync_epoch`).
+        epoch: the pipeline's t=0 (:func:`~titan_morph.comm.clock.sync_clock`).
         record: keep records (``records()``/``take_records()``), the newest ``max_records`` of them.
     """
 
     name = "default"
     path = "torch"
-    depth = None  # no link model: MorphSchedule plans nothing from it
+    links = None
+    depth = None  # the real network: nothing is modelled
 
     def __init__(
         self,
@@ -80,45 +81,18 @@ class RecordedTransport(MessageBook):
         record: bool = True,
         max_records: int = 200_000,
     ) -> None:
-        if num_stages < 2:
-            raise ValueError(f"num_stages must be >= 2 for a pipeline link, got {num_stages}")
-        if not 0 <= stage < num_stages:
-            raise ValueError(f"stage must be in 0..{num_stages - 1}, got {stage}")
-        if max_records < 1:
-            raise ValueError(f"max_records must be >= 1, got {max_records}")
-        if not dist.is_initialized():
-            raise RuntimeError("RecordedTransport needs torch.distributed to be initialized")
-        self.group = group if group is not None else dist.group.WORLD
-        rank, size = dist.get_rank(self.group), dist.get_world_size(self.group)
-        if size != num_stages or rank != stage:
-            raise ValueError(
-                f"RecordedTransport expects one stage per pipeline rank: group rank {rank} of {size}, "
-                f"got stage={stage} num_stages={num_stages}"
-            )
-        self.inner, self.stage, self.num_stages, self.epoch = inner, stage, num_stages, float(epoch)
-        self.record = record
-        self.step = 0
-        self._group_name = self.group.group_name
-        self._lock = threading.Lock()
-        self._records: deque[MessageRecord] = deque(maxlen=max_records)
-        self._send_seq: dict[tuple[int, str], int] = {}
-        self._recv_seq: dict[tuple[int, str], int] = {}
+        super().__init__(
+            stage=stage, num_stages=num_stages, group=group, epoch=epoch, record=record, max_records=max_records
+        )
+        self.inner = inner
 
-    def now_ms(self) -> float:
-        """Milliseconds since the shared epoch."""
-        return (time.monotonic() - self.epoch) * 1e3
-
-    def set_step(self, step: int) -> None:
-        """Current training step (stamped on the records); call before each schedule step."""
-        self.step = int(step)
+    def hint_issue(self, t_s: float, max_early_ms: float = 2.0) -> None:
+        pass  # sends leave when torch issues them
 
     def batch_p2p(self, ops: list[dist.P2POp], desc: str | None = None) -> list[Handle]:
         """Issue ``ops`` through ``inner`` in one call (pipeline-group ops; others pass through)."""
         ops = list(ops)
-        mine = [op for op in ops if op.group.group_name == self._group_name]
-        handles: list[Handle] = []
-        if len(mine) != len(ops):
-            handles += self.inner.batch_p2p([op for op in ops if op.group.group_name != self._group_name], desc)
+        mine, handles = self._partition(ops, self.inner.batch_p2p, desc)
         if not mine:
             return handles
         messages = group_by_link(mine, self.stage, self.num_stages)
@@ -137,6 +111,9 @@ class RecordedTransport(MessageBook):
             mw = works if index is None else [works[index[id(op)]] for op in mops]
             handles.append(_Handle(self, mops, rec, mw))
         return handles
+
+    def blocked_ms(self) -> dict[int, float]:
+        return {}  # torch queues every send at once
 
     def close(self) -> None:
         """Close ``inner`` (no threads or resources of its own)."""

@@ -1,4 +1,4 @@
-"""Route the pipeline runtime's P2P through a :class:`~titan_morph.comm.transport.Transport`.
+"""Route the pipeline runtime's P2P through a transport (anything with ``batch_p2p``: ``transport.P2P``).
 
 torch's schedules (``_PipelineScheduleRuntime``, ``Schedule1F1B``, ``_sorted_batch_p2p``) call the
 module-level ``torch.distributed.pipelining.schedules._batch_p2p`` and look it up at call time, so
@@ -18,15 +18,15 @@ from contextlib import contextmanager
 
 from torch.distributed.pipelining import schedules as _schedules
 
-from titan_morph.comm.transport import Handle, Transport
+from titan_morph.comm.transport import P2P, Handle
 
 _lock = threading.Lock()
-_active: Transport | None = None
+_active: P2P | None = None
 _depth = 0
 _saved = None
 
 
-def active_transport() -> Transport | None:
+def active_transport() -> P2P | None:
     """The transport currently swapped in, or None."""
     return _active
 
@@ -42,14 +42,14 @@ _routed_batch_p2p.__titan_morph_transport__ = True  # type: ignore[attr-defined]
 
 
 @contextmanager
-def use_transport(transport: Transport) -> Iterator[Transport]:
+def use_transport(transport: P2P) -> Iterator[P2P]:
     """Swap torch's ``schedules._batch_p2p`` for ``transport.batch_p2p`` inside the block.
 
     Re-entering with the same transport nests; a different one raises ``RuntimeError``. The
     original function is restored when the outermost block exits, also on exceptions.
     """
     global _active, _depth, _saved
-    if not callable(getattr(transport, "batch_p2p", None)):
+    if not isinstance(transport, P2P):
         raise TypeError(f"use_transport needs a Transport with batch_p2p(ops), got {type(transport).__name__}")
     with _lock:
         if _active is not None and _active is not transport:

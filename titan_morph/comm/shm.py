@@ -1,4 +1,4 @@
-"""Shared-memory slot buffers of the delegated data plane (issue 5; paper §5.1).
+"""Shared-memory slot buffers of the delegated data plane (paper §5.1).
 
 A :class:`Segment` is one named POSIX shared-memory file (``/dev/shm/titan_morph_*``, so leftovers
 are easy to spot) holding a ring of ``nslots`` equally sized data slots plus a header of per-slot

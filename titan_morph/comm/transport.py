@@ -1,10 +1,11 @@
-"""The pluggable point-to-point transport of the pipeline runtime (issue 4 item 2; paper §5).
+"""The pluggable point-to-point transport of the pipeline runtime (paper §5), written down.
 
 Every pipeline send/recv the schedule issues goes through one :class:`Transport`:
-``batch_p2p(ops) -> handles``, each handle having ``wait(timeout)``. The default,
-:class:`TorchTransport`, is torch.distributed itself (exactly torch's ``_batch_p2p``). The link
-emulator (``titan_morph.comm.emulator``) wraps any transport; the delegated data plane (issue 5)
-will be another implementation of the same protocol.
+``batch_p2p(ops) -> handles``, each handle having ``wait(timeout)``. :class:`Transport` names
+every member the runtime and the monitor use, and every transport implements all of it:
+:class:`TorchTransport` (torch.distributed itself, exactly torch's ``_batch_p2p``),
+``RecordedTransport`` (the same, with message records), ``EmulatedTransport`` (the link emulator),
+``DelegateTransport`` (the delegated data plane) and ``FailoverTransport`` (``auto``).
 
 Topology used to name traffic (one stage per rank): pipeline-group rank ``r`` runs stage ``r``;
 link ``i`` joins stages ``i`` and ``i+1``; direction ``"fwd"`` carries activations ``i → i+1`` and
@@ -14,12 +15,16 @@ link ``i`` joins stages ``i`` and ``i+1``; direction ``"fwd"`` carries activatio
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch.distributed as dist
 from torch.distributed.pipelining import schedules as _schedules
+
+from titan_morph.comm.records import MessageRecord
+from titan_morph.pipelining.links import LinkModel
 
 # torch's own implementation, captured before anyone (use_transport) swaps the module attribute.
 _torch_batch_p2p = _schedules._batch_p2p
@@ -29,19 +34,94 @@ if getattr(_torch_batch_p2p, "__titan_morph_transport__", False):  # pragma: no 
 
 @runtime_checkable
 class Handle(Protocol):
-    """One in-flight operation; torch's ``_wait_batch_p2p`` calls ``wait()`` on it."""
+    """One in-flight message (or plain op); torch's ``_wait_batch_p2p`` calls ``wait()`` on it.
+
+    ``record`` is the message's :class:`~titan_morph.comm.records.MessageRecord` (None where the
+    transport keeps none); ``ops`` the P2P ops it carries (a failover path re-issues them);
+    ``due_s`` when the link model delivers a receive (``time.monotonic()`` s; None when unknown:
+    a device clock then takes the moment the wait returned).
+    """
+
+    record: MessageRecord | None
+    ops: Sequence[dist.P2POp]
+    due_s: float | None
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until done (at most ``timeout`` s; None = the transport's default bound)."""
+        """Block until done (at most ``timeout`` s; None = the transport's own bound)."""
+        ...
+
+    def is_completed(self) -> bool:
+        """Whether ``wait`` would return at once."""
         ...
 
 
 @runtime_checkable
-class Transport(Protocol):
-    """What the pipeline runtime needs from a data plane (swapped in by ``use_transport``)."""
+class P2P(Protocol):
+    """What torch's schedules call instead of ``_batch_p2p`` while ``use_transport`` is active."""
 
     def batch_p2p(self, ops: list[dist.P2POp], desc: str | None = None) -> list[Handle]:
         """Issue ``ops`` (sends and/or receives); per-peer order of sends must be preserved."""
+        ...
+
+
+@runtime_checkable
+class Transport(P2P, Protocol):
+    """A pipeline data plane: everything the runtime and the monitor use, on every transport.
+
+    Topology: one stage per pipeline rank; link ``i`` joins stages ``i`` and ``i+1``; ``"fwd"``
+    carries activations ``i -> i+1``, ``"bwd"`` gradients back. Times are ms since ``epoch`` (the
+    pipeline's common clock, :mod:`titan_morph.comm.clock`). Transports switch paths only at step
+    boundaries (``switch``/``restore`` between steps, on every rank).
+    """
+
+    name: str
+    """``default`` (torch.distributed), ``emulated``, ``delegate`` or ``auto``."""
+    epoch: float
+    """t = 0 of every time this transport reports, as a ``time.monotonic()`` value of this rank."""
+    links: LinkModel | None
+    """The injected link model (None: the real network, no emulation)."""
+    depth: int | None
+    """Messages in flight per (link, direction) before a send blocks the caller (None: never)."""
+    failovers: int
+    """(link, direction) pairs moved to the delegated path because the default path failed."""
+
+    def now_ms(self) -> float:
+        """ms since ``epoch``."""
+        ...
+
+    def set_step(self, step: int) -> None:
+        """The training step about to run (records and step-keyed traces); call before each step."""
+        ...
+
+    def hint_issue(self, t_s: float, max_early_ms: float = 2.0) -> None:
+        """The next ``batch_p2p``'s sends were logically issued at ``t_s`` (``time.monotonic()``), up to
+        ``max_early_ms`` before the call: a device clock's producing op ended then. Transports that
+        time nothing from the issue ignore it."""
+        ...
+
+    def records(self) -> list[MessageRecord]:
+        """Copies of the records not yet taken (empty where none are kept)."""
+        ...
+
+    def take_records(self) -> list[MessageRecord]:
+        """This rank's message records since the last call (empty where none are kept)."""
+        ...
+
+    def blocked_ms(self) -> dict[int, float]:
+        """Per link: total ms the caller was blocked issuing sends, since the start."""
+        ...
+
+    def delegated(self) -> frozenset[int]:
+        """Links with at least one direction on the delegated (host delegate process) path."""
+        ...
+
+    def switch(self, links: Iterable[int]) -> None:
+        """Move both directions of ``links`` to the delegated path (between steps, every rank);
+        ``ValueError`` on a transport without one."""
+        ...
+
+    def restore(self, links: Iterable[int]) -> None:
+        """Move ``links`` that :meth:`switch` delegated back to the default path (between steps)."""
         ...
 
     def close(self) -> None:
@@ -56,10 +136,12 @@ class TorchHandle:
     terminal for that peer, never a poll.
     """
 
-    __slots__ = ("work",)
+    __slots__ = ("work", "ops")
+    record = None
+    due_s = None
 
-    def __init__(self, work: dist.Work) -> None:
-        self.work = work
+    def __init__(self, work: dist.Work, ops: Sequence[dist.P2POp] = ()) -> None:
+        self.work, self.ops = work, ops
 
     def wait(self, timeout: float | None = None) -> bool:
         if timeout is None:
@@ -70,14 +152,64 @@ class TorchHandle:
         return bool(self.work.is_completed())
 
 
-class TorchTransport:
+class DefaultPathOnly:
+    """The path members of a transport without a delegated path: nothing is ever delegated, so
+    nothing fails over; ``switch`` of any link is an error naming the way to get one."""
+
+    name = ""
+    failovers = 0
+
+    def delegated(self) -> frozenset[int]:
+        return frozenset()
+
+    def switch(self, links: Iterable[int]) -> None:
+        wanted = sorted(links)
+        if wanted:
+            raise ValueError(
+                f"transport {self.name!r} has no delegated path to move links {wanted} to; "
+                'use [morph] transport = "auto"'
+            )
+
+    def restore(self, links: Iterable[int]) -> None:
+        pass
+
+
+class TorchTransport(DefaultPathOnly):
     """torch.distributed as the transport: the same calls torch's ``_batch_p2p`` makes
-    (homogeneous batches as individual isend/irecv, mixed ones via ``batch_isend_irecv``)."""
+    (homogeneous batches as individual isend/irecv, mixed ones via ``batch_isend_irecv``).
+    It keeps no records and never delegates."""
 
     name = "default"
+    links = None
+    depth = None
+
+    def __init__(self, epoch: float | None = None) -> None:
+        self.epoch = time.monotonic() if epoch is None else float(epoch)
+
+    def now_ms(self) -> float:
+        return (time.monotonic() - self.epoch) * 1e3
+
+    def set_step(self, step: int) -> None:
+        pass
+
+    def hint_issue(self, t_s: float, max_early_ms: float = 2.0) -> None:
+        pass
 
     def batch_p2p(self, ops: list[dist.P2POp], desc: str | None = None) -> list[Handle]:
-        return [TorchHandle(w) for w in _torch_batch_p2p(list(ops), desc=desc)]
+        ops = list(ops)
+        works = _torch_batch_p2p(ops, desc=desc)
+        if len(works) == len(ops):
+            return [TorchHandle(w, (op,)) for w, op in zip(works, ops)]
+        return [TorchHandle(w, ops if i == 0 else ()) for i, w in enumerate(works)]  # coalesced (NCCL)
+
+    def records(self) -> list[MessageRecord]:
+        return []
+
+    def take_records(self) -> list[MessageRecord]:
+        return []
+
+    def blocked_ms(self) -> dict[int, float]:
+        return {}
 
     def close(self) -> None:
         pass
@@ -141,8 +273,3 @@ def group_by_link(
         lo = classify_op(op, stage, num_stages)
         out.setdefault((lo.link, lo.direction, lo.is_send), []).append(op)
     return out
-
-
-def op_nbytes(ops: Sequence[dist.P2POp]) -> int:
-    """Payload size of a message in bytes."""
-    return sum(op.tensor.numel() * op.tensor.element_size() for op in ops)

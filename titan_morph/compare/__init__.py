@@ -1,4 +1,4 @@
-"""Schedule comparisons on your own workload: ``python -m titan_morph.compare`` (issue 7).
+"""Schedule comparisons on your own workload: ``python -m titan_morph.compare``.
 
 Runs each schedule/transport variant (torch's 1F1B, ZeroBubble, PipeMorph-CPU, PipeMorph, ...) as
 its own torchrun job under the same injected link delays (a named scenario mirroring the paper's
@@ -8,7 +8,7 @@ regenerates a document from finished log directories.
 
 Modules: ``variants`` (named variants), ``scenarios`` (named injected-delay settings), ``harness``
 (plan and run), ``runner`` (one bounded torchrun job), ``results`` (TensorBoard read-back),
-``predict`` (the simulator's column), ``tables``/``plots``/``report`` (output), ``simulator``
+``predict`` (the simulator's column), ``tables``/``plots``/``report`` (output), ``paper_figures``
 (the simulator-only Fig. 5/8 scenario).
 """
 

@@ -35,7 +35,7 @@ def _plan(
     variant: Variant, morph: Any, stages: int, n: int, delays: tuple[float, ...] | None
 ) -> tuple[Any, int | None]:
     """(plan, link-queue depth to simulate it with), as the runtime and its monitor build them."""
-    from titan_morph.integration.morph_schedules import FAMILIES, cost_model, initial_plan, transport_depth
+    from titan_morph.integration.assembly import FAMILIES, cost_model, initial_plan, transport_depth
     from titan_morph.pipelining.builders import build
 
     if variant.torch_builtin:
@@ -45,7 +45,7 @@ def _plan(
     family = FAMILIES[variant.schedule]
     if not adapted(variant, morph, delays):
         return initial_plan(family, morph, stages, n), transport_depth(morph)
-    # The monitor's policy (integration.morph_schedules.attach_monitor): with slow links delegated
+    # The monitor's policy (integration.assembly.make_monitor): with slow links delegated
     # (auto/delegate) adapted plans drop the memory cap (or use adapt_memory_budget), non-blocking.
     if morph.transport in ("auto", "delegate"):
         memory, depth = (morph.adapt_memory_budget or None), None
@@ -59,8 +59,8 @@ def _plan(
 
 def simulated_ms(job_config: Any, variant: Variant, skip: int) -> tuple[float | None, str]:
     """(median simulated step makespan over steps > ``skip``, note); (None, why) when unavailable."""
+    from titan_morph.integration.assembly import stage_times
     from titan_morph.integration.config import link_model_from_config
-    from titan_morph.integration.morph_schedules import stage_times
     from titan_morph.pipelining.links import LinkDownError, StaticDelays, parse_delays
     from titan_morph.pipelining.simulate import simulate
 

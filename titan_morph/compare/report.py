@@ -93,7 +93,7 @@ def render_comparison(
     scenario = meta["scenario"]
     lines = [f"{heading} {scenario}: {meta['description']}", "", "```bash", meta["command"], "```", ""]
     if meta["kind"] == "simulator":
-        from titan_morph.compare.simulator import fig5_8
+        from titan_morph.compare.paper_figures import fig5_8
 
         sims = fig5_8()
         png = scenario_dir / "fig5-8.png"

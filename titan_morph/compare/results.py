@@ -13,6 +13,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from titan_morph.compare.runner import Outcome, load_outcome
 
@@ -37,18 +38,35 @@ ITERATION_TAG = "morph/iteration_ms"
 PLAN_CHANGES_TAG = "morph/plan_changes"
 
 
-def read_scalars(run_dir: Path) -> dict[str, dict[int, float]]:
-    """Every scalar tag of a run folder (``<run_dir>/tb/<time>/``): tag -> {step: value}."""
+def _accumulators(run_dir: Path, kind: str) -> list[Any]:
+    """TensorBoard accumulators of a run folder's event files (``<run_dir>/tb/<time>/``), loaded."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    out: dict[str, dict[int, float]] = {}
     tb = Path(run_dir) / "tb"
     folders = sorted(p for p in tb.glob("*") if p.is_dir()) if tb.is_dir() else []
+    out = []
     for folder in folders:
-        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+        acc = EventAccumulator(str(folder), size_guidance={kind: 0})
         acc.Reload()
+        out.append(acc)
+    return out
+
+
+def read_scalars(run_dir: Path) -> dict[str, dict[int, float]]:
+    """Every scalar tag of a run folder: tag -> {step: value}."""
+    out: dict[str, dict[int, float]] = {}
+    for acc in _accumulators(run_dir, "scalars"):
         for tag in acc.Tags().get("scalars", []):
             out.setdefault(tag, {}).update({ev.step: float(ev.value) for ev in acc.Scalars(tag)})
+    return out
+
+
+def read_images(run_dir: Path) -> dict[str, list[int]]:
+    """Every image tag of a run folder: tag -> the steps it was logged at."""
+    out: dict[str, list[int]] = {}
+    for acc in _accumulators(run_dir, "images"):
+        for tag in acc.Tags().get("images", []):
+            out.setdefault(tag, []).extend(ev.step for ev in acc.Images(tag))
     return out
 
 

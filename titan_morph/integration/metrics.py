@@ -1,21 +1,24 @@
 """TensorBoard scalars from the pipeline schedule, through TorchTitan's metrics processor.
 
 TorchTitan logs loss, throughput, memory... once per ``log_freq`` steps (TensorBoard is written by
-the first rank of the last stage). :class:`MorphMetricsProcessor` adds whatever the running
-schedule reports: a schedule may define ``tensorboard_metrics(step: int) -> dict[str, float]``
-(e.g. ``{"morph/iteration_ms": ..., "morph/plan_changes": ...}``), and images from an optional
-``tensorboard_images(step) -> dict[str, HWC array]`` (the plan timeline after a re-plan). It is called on every rank at
-the same steps, but only the logging rank's values are written, so a schedule that wants other
-ranks' numbers must have gathered them itself (no collectives inside this call).
+the first rank of the last stage). :class:`MorphMetricsProcessor` adds what the running schedule
+reports: scalars from ``tensorboard_metrics(step)`` when it is a
+:class:`~titan_morph.runtime.metrics.MetricsSource` and images from ``tensorboard_images(step)`` (the
+plan timeline after a re-plan) when it is an :class:`~titan_morph.runtime.metrics.ImageSource`
+(titan_morph's schedules are both; a plug-in schedule may be either). They are called on every
+rank at the same steps, but only the logging rank's values are written; the schedule has gathered
+other ranks' numbers itself (no collectives inside these calls).
 """
 
 from typing import Any
 
 from torchtitan.components.metrics import MetricsProcessor
 
+from titan_morph.runtime.metrics import ImageSource, MetricsSource
+
 
 class MorphMetricsProcessor(MetricsProcessor):
-    """TorchTitan's MetricsProcessor plus the schedule's ``tensorboard_metrics(step)``."""
+    """TorchTitan's MetricsProcessor plus the schedule's figures."""
 
     schedule: Any = None
 
@@ -28,13 +31,11 @@ class MorphMetricsProcessor(MetricsProcessor):
         extra_metrics: dict[str, Any] | None = None,
     ) -> None:
         extra = dict(extra_metrics or {})
-        report = getattr(self.schedule, "tensorboard_metrics", None)
-        if callable(report):
-            extra.update(report(step))
+        if isinstance(self.schedule, MetricsSource):
+            extra.update(self.schedule.tensorboard_metrics(step))
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
-        images = getattr(self.schedule, "tensorboard_images", None)
-        if callable(images):
-            self._log_images(step, images(step))
+        if isinstance(self.schedule, ImageSource):
+            self._log_images(step, self.schedule.tensorboard_images(step))
 
     def _log_images(self, step: int, images: dict[str, Any]) -> None:
         """HWC arrays (e.g. the new plan's timeline) into TorchTitan's TensorBoard writer, if any."""

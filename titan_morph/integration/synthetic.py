@@ -1,7 +1,7 @@
 """The ``synthetic`` model flavor of ``llama3_morph``: a tiny llama whose width is configurable.
 
 With ``[morph.synthetic] enabled = true`` every stage's F, I and W are padded to the configured
-times (``titan_morph.testbed``); the model itself only has to be small, so that real compute
+times (``titan_morph.runtime.testbed``); the model itself only has to be small, so that real compute
 stays well below the pads, and to send ``hidden``-wide activations between stages. This flavor
 takes its width from ``[morph.synthetic] hidden`` and one transformer layer per pipeline stage.
 """

@@ -1,15 +1,16 @@
 """One stage's measurements of one step, as a fixed-size row of floats for the cross-rank exchange.
 
-The monitor all-gathers one row per stage after every step (one small collective on a CPU group,
-no external service: the paper used Redis). A row holds the stage's compute times per op kind and
-one entry per pipeline message it sent or received in the step. Times are ms on the common clock
-(the transport epoch corrected by this rank's clock offset, :mod:`titan_morph.monitor.clock`), so
-a receiver's arrival can be compared with the sender's acceptance on another host.
+The runtime all-gathers one row per stage after every step (one small collective on a CPU group,
+no external service: the paper used Redis). The row carries everything the other ranks need: the
+plan the stage ran (every rank checks that they agree), its compute times per op kind, its send
+blocking and failovers (TensorBoard), and one entry per pipeline message it sent or received in
+the step (the monitor's delays, the latency figures). Times are ms on the pipeline's common clock
+(:mod:`titan_morph.comm.clock`), so a receiver's arrival compares with the sender's acceptance on
+another host.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -18,7 +19,8 @@ __all__ = ["MessageStamp", "StepProfile", "capacity", "row_width", "encode", "de
 PATHS = ("", "emulated", "delegate", "torch", "auto")  # MessageRecord.path codes
 _DIRS = ("fwd", "bwd")
 _KINDS = ("F", "I", "W", "B")
-_HEADER = 6 + 2 * len(_KINDS)  # stage, step, start, end, nrows, sent_at, (sum, count) per kind
+_SCALARS = ("plan", "blocked_ms", "send_late_ms", "sends", "failovers")
+_HEADER = 6 + len(_SCALARS) + 2 * len(_KINDS)  # stage, step, start, end, nrows, sent_ms, scalars, (sum, count) per kind
 _MSG = 8  # side, path, link, dir, seq, t1, t2, t3
 NAN = float("nan")
 
@@ -27,10 +29,10 @@ NAN = float("nan")
 class MessageStamp:
     """One message as seen by one side; times in ms on the common clock.
 
-    Send: ``t1`` = accepted on the link (after any head-of-line blocking). Receive: ``t1`` =
-    arrival stamped by the transport independently of the consumer (NaN when it cannot, e.g.
-    plain torch.distributed), ``t2`` = when the training thread began waiting for it, ``t3`` =
-    when that wait returned.
+    Send: ``t1`` = accepted on the link (after any head-of-line blocking), ``t2`` = the link model's
+    planned delivery (NaN without emulation). Receive: ``t1`` = arrival stamped by the transport
+    independently of the consumer (NaN when it cannot, e.g. plain torch.distributed), ``t2`` = when
+    the training thread began waiting for it, ``t3`` = when that wait returned.
     """
 
     side: str  # "send" | "recv"
@@ -59,6 +61,11 @@ class StepProfile:
     messages: list[MessageStamp] = field(default_factory=list)
     sent_ms: float = NAN  # when the stage entered the exchange (its overhead is measured from the last one)
     dropped: int = 0  # messages that did not fit the row (see capacity)
+    plan: int = 0  # the plan id the stage ran, as an integer (12 hex digits: exact in a float64)
+    blocked_ms: float = 0.0  # blocked issuing sends (head-of-line, back-pressure), all links
+    send_late_ms: float = 0.0  # sum over sends: producing op's end to the send's issue
+    sends: int = 0
+    failovers: int = 0  # (link, direction) pairs this rank has failed over so far
 
     @property
     def busy_ms(self) -> float:
@@ -88,9 +95,17 @@ def encode(profile: StepProfile, microbatches: int) -> list[float]:
     profile.dropped = len(profile.messages) - len(messages)
     row = [NAN] * width
     row[:6] = [profile.stage, profile.step, profile.start_ms, profile.end_ms, len(messages), profile.sent_ms]
+    row[6 : 6 + len(_SCALARS)] = [
+        float(profile.plan),
+        profile.blocked_ms,
+        profile.send_late_ms,
+        float(profile.sends),
+        float(profile.failovers),
+    ]
+    at = 6 + len(_SCALARS)
     for i, kind in enumerate(_KINDS):
         total, n = profile.compute.get(kind, (0.0, 0))
-        row[6 + 2 * i : 8 + 2 * i] = [total, float(n)]
+        row[at + 2 * i : at + 2 + 2 * i] = [total, float(n)]
     at = _HEADER
     for m in messages:
         row[at : at + _MSG] = [
@@ -110,9 +125,11 @@ def encode(profile: StepProfile, microbatches: int) -> list[float]:
 def decode(row: Sequence[float]) -> StepProfile:
     """Inverse of :func:`encode`."""
     stage, step, start, end, nrows, sent = (row[i] for i in range(6))
+    plan, blocked, late, sends, failovers = (row[6 + i] for i in range(len(_SCALARS)))
+    at = 6 + len(_SCALARS)
     compute = {}
     for i, kind in enumerate(_KINDS):
-        total, n = row[6 + 2 * i], int(row[7 + 2 * i])
+        total, n = row[at + 2 * i], int(row[at + 1 + 2 * i])
         if n:
             compute[kind] = (float(total), n)
     messages = []
@@ -132,8 +149,17 @@ def decode(row: Sequence[float]) -> StepProfile:
             )
         )
         at += _MSG
-    return StepProfile(int(stage), int(step), float(start), float(end), compute, messages, float(sent))
-
-
-def finite(x: float) -> bool:
-    return not math.isnan(x) and not math.isinf(x)
+    return StepProfile(
+        int(stage),
+        int(step),
+        float(start),
+        float(end),
+        compute,
+        messages,
+        float(sent),
+        plan=int(plan),
+        blocked_ms=float(blocked),
+        send_late_ms=float(late),
+        sends=int(sends),
+        failovers=int(failovers),
+    )

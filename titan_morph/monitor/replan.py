@@ -3,7 +3,8 @@
 Stage times come from the profiles (median over a window of steps, so one noisy step does not
 move the plan), rounded to 0.1 ms so that every rank builds exactly the same cost model from the
 same gathered numbers. The search's budget is counted in estimated work, not wall time, so the
-plan is a pure function of its inputs (checked anyway by ``MorphSchedule.set_plan``).
+plan is a pure function of its inputs (the runtime's per-step exchange checks that every rank runs
+the same plan).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from titan_morph.monitor.profile import StepProfile
 from titan_morph.pipelining.builders import build
 from titan_morph.pipelining.model import CostModel, Plan
 
-__all__ = ["StageTimes", "adapted_plan"]
+__all__ = ["MeasuredTimes", "adapted_plan"]
 
 
-class StageTimes:
+class MeasuredTimes:
     """Rolling per-stage (F, B, W) medians, B being the input-gradient op (I, or a fused B)."""
 
     def __init__(self, num_stages: int, fallback: Sequence[tuple[float, float, float]], window: int = 8) -> None:

@@ -1,9 +1,7 @@
-"""Export plans and simulated runs: torch ``_Action`` lists, torch CSV, ASCII, Chrome trace, PNG.
+"""Export plans and simulated runs: torch CSV, ASCII, Chrome trace, PNG.
 
 A plan is data (architecture contract); this module turns it into what other tools read:
 
-* :func:`to_actions` — torch's schedule IR (``dict[rank, list[_Action]]``, one stage per rank),
-  the form ``_PipelineScheduleRuntime`` executes. torch is imported lazily, only there.
 * :func:`write_csv` / :func:`read_csv` — torch's *compute-only* CSV (one line per rank, actions
   such as ``0F0,0I0,0W0``), exactly what ``_PipelineScheduleRuntime._load_csv(path,
   "compute_only")`` and TorchTitan's ``pipeline_parallel_schedule_csv`` read.
@@ -11,8 +9,8 @@ A plan is data (architecture contract); this module turns it into what other too
 * :func:`chrome_trace` / :func:`timeline_png` — pictures of a simulated iteration
   (``simulate.SimResult``): ops, idle bubbles, head-of-line send blocking (§3.2) and link delays.
 
-Everything except :func:`to_actions` and the matplotlib import inside :func:`timeline_png` is pure
-Python, so the scheduler core can import this module without torch.
+Pure Python except the matplotlib import inside :func:`timeline_png`; the lowering to torch's
+``_Action`` IR lives with the runtime (``titan_morph.runtime.actions``).
 """
 
 from __future__ import annotations
@@ -29,8 +27,6 @@ from typing import TYPE_CHECKING, Any
 from .model import KINDS, Op, Order, Plan
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from torch.distributed.pipelining.schedules import _Action
-
     from .links import LinkModel
     from .simulate import SimResult
 
@@ -59,26 +55,6 @@ def _orders_of(plan_or_orders: PlanOrOrders) -> tuple[Order, ...]:
             ops.append(op)
         out.append(tuple(ops))
     return tuple(out)
-
-
-def to_actions(plan_or_orders: PlanOrOrders) -> dict[int, list[_Action]]:
-    """torch schedule IR: rank ``r`` runs stage ``r`` and gets ``_Action(r, kind, mb)`` per op.
-
-    Kinds map to ``_ComputationType``: F → FORWARD, I → BACKWARD_INPUT, W → BACKWARD_WEIGHT,
-    B → FULL_BACKWARD. The result is what ``_PipelineScheduleRuntime.pipeline_order`` holds.
-    """
-    from torch.distributed.pipelining.schedules import _Action, _ComputationType
-
-    kinds = {
-        "F": _ComputationType.FORWARD,
-        "I": _ComputationType.BACKWARD_INPUT,
-        "W": _ComputationType.BACKWARD_WEIGHT,
-        "B": _ComputationType.FULL_BACKWARD,
-    }
-    return {
-        rank: [_Action(rank, kinds[op.kind], op.mb) for op in order]
-        for rank, order in enumerate(_orders_of(plan_or_orders))
-    }
 
 
 def csv_rows(plan_or_orders: PlanOrOrders) -> list[list[str]]:

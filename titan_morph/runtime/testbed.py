@@ -42,6 +42,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from titan_morph.comm.transport import Handle
+
 # A wait counts as "blocked" (the input was not there yet) if it took longer than this.
 WAIT_BLOCKED_S = 2e-4
 DEFAULT_HIDE_HOST_GAP_MS = 2.0
@@ -69,16 +71,15 @@ _last_wait: list[float] = [-math.inf, -math.inf, -math.inf]
 
 def _due(work: Any, end: float) -> float:
     """When the inputs of ``work`` were delivered by the link model: the latest ``due_s`` of its
-    emulated receives (``EmulatedTransport``), or ``end`` if any receive does not know it."""
+    receives (the link emulator's handles know it), or ``end`` if any receive does not know it.
+    ``work`` holds transport handles, or torch's own ``dist.Work`` when no transport is routed."""
     due = -math.inf
     for handle in work if isinstance(work, (list, tuple)) else ():
-        rec = getattr(handle, "record", None)
-        if getattr(rec, "side", None) != "recv":
+        if not isinstance(handle, Handle) or handle.record is None or handle.record.side != "recv":
             continue
-        t = getattr(handle, "due_s", None)
-        if t is None:
+        if handle.due_s is None:
             return end
-        due = max(due, t)
+        due = max(due, handle.due_s)
     return end if due == -math.inf else min(due, end)
 
 
@@ -182,5 +183,4 @@ def pad_stage_compute(
     stage.backward_one_chunk = backward_one_chunk
     stage.backward_weight_one_chunk = backward_weight_one_chunk
     stage._titan_morph_padded = times
-    stage._titan_morph_clock = clock
     return clock

@@ -1,0 +1,93 @@
+"""The Monitor (pure): profiles in, plan changes out -- slow link, recovery, and the profiled initial plan."""
+
+from __future__ import annotations
+
+from titan_morph.monitor.adapt import AdaptPolicy, Monitor
+from titan_morph.monitor.detect import DetectRule
+from titan_morph.monitor.profile import MessageStamp, StepProfile
+from titan_morph.pipelining.builders import build
+from titan_morph.pipelining.model import CostModel
+
+S, N, T = 4, 12, 10.0
+
+
+def _profiles(step: int, delays: tuple[float, ...], t: float = T) -> list[StepProfile]:
+    """One step of S stages: compute F/I/W of ``t`` ms each, one forward message per link whose
+    arrival is stamped ``delays[link]`` after its acceptance."""
+    out = []
+    for stage in range(S):
+        prof = StepProfile(stage, step, 0.0, 400.0, {"F": (t * N, N), "I": (t * N, N), "W": (t * N, N)})
+        if stage < S - 1:
+            prof.messages.append(MessageStamp("send", "emulated", stage, "fwd", step, 100.0))
+        if stage > 0:
+            link = stage - 1
+            prof.messages.append(MessageStamp("recv", "emulated", link, "fwd", step, 100.0 + delays[link]))
+        out.append(prof)
+    return out
+
+
+def _monitor(**kw) -> Monitor:
+    initial = build("pipemorph", CostModel.uniform(S, N, T, T, T, memory=S))
+    kw.setdefault("policy", AdaptPolicy(delegate_slow_links=True))
+    return Monitor(
+        num_stages=S,
+        microbatches=N,
+        initial_plan=initial,
+        fallback_times=((T, T, T),) * S,
+        rule=DetectRule(detect_steps=2, recover_steps=2),
+        **kw,
+    )
+
+
+def test_a_slow_link_is_replanned_delegated_then_restored():
+    mon = _monitor()
+    active = mon.initial_plan
+    changes = {}
+    delays = [(0.0, 0.0, 0.0)] * 3 + [(0.0, 0.0, 60.0)] * 4 + [(0.0, 0.0, 0.0)] * 4
+    for step, d in enumerate(delays, start=1):
+        change = mon.observe(step, _profiles(step, d), active)
+        if change is not None:
+            changes[step] = change
+            active = change.plan
+    assert sorted(changes) == [5, 9], changes  # slow after k=2 slow steps, healthy after m=2
+    slow, healthy = changes[5], changes[9]
+    assert slow.switch == (2,) and slow.restore == () and slow.delays_ms == (0.0, 0.0, 60.0)
+    assert slow.plan.warmup[2] - slow.plan.warmup[3] > mon.initial_plan.warmup[2] - mon.initial_plan.warmup[3]
+    assert healthy.restore == (2,) and healthy.plan is mon.initial_plan
+    assert "link 2 slow" in slow.describe(slow.plan, mon.times.times(), [2])
+    metrics = mon.metrics(frozenset({2}))
+    assert metrics["morph/decisions"] == 2.0 and metrics["morph/delegated/link2"] == 1.0
+    assert metrics["morph/straggling/link2"] == 0.0
+
+
+def test_without_auto_no_link_moves():
+    mon = _monitor(policy=AdaptPolicy(delegate_slow_links=False))
+    change = None
+    for step in range(1, 4):
+        change = mon.observe(step, _profiles(step, (0.0, 0.0, 60.0)), mon.initial_plan) or change
+    assert change is not None and change.switch == () and change.restore == ()
+
+
+def test_initial_plan_is_rebuilt_from_measured_times_after_profile_steps():
+    """``profile_steps``: with unknown stage times the first plan came from unit times; after that
+    many steps the initial plan is rebuilt from the measured ones (here Alg. 2 for a planned 40 ms)."""
+
+    def planner(measured: CostModel):
+        return build("pipemorph", measured.with_delays((0.0, 0.0, 40.0)))
+
+    unit = build("pipemorph", CostModel.uniform(S, N, 1.0, 1.0, 1.0, delays=(0.0, 0.0, 40.0)))
+    mon = Monitor(
+        num_stages=S,
+        microbatches=N,
+        initial_plan=unit,
+        fallback_times=((1.0, 1.0, 1.0),) * S,
+        policy=AdaptPolicy(),
+        initial_planner=planner,
+        profile_steps=2,
+    )
+    assert mon.observe(1, _profiles(1, (0.0, 0.0, 0.0), t=20.0), unit) is None
+    change = mon.observe(2, _profiles(2, (0.0, 0.0, 0.0), t=20.0), unit)
+    assert change is not None and change.decision is None and "measured over 2 steps" in change.reasons[0]
+    assert change.plan.model.fwd == (20.0,) * S and mon.initial_plan is change.plan
+    assert change.plan.orders != unit.orders  # 40 ms is 2 op times at 20 ms, 20 at 1 ms: other warm-ups
+    assert mon.observe(3, _profiles(3, (0.0, 0.0, 0.0), t=20.0), change.plan) is None  # once only

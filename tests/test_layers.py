@@ -1,0 +1,157 @@
+"""The package layers point one way, the planner loads no torch, and nothing probes a transport.
+
+Layers, lowest first: pipelining (the planner) -> comm (transports) -> monitor -> runtime ->
+integration (TorchTitan glue, with the entry points ``titan_morph.train`` and ``titan_morph.launch``)
+-> compare. A module may import its own layer and the ones below; every import counts, also those
+inside functions.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "titan_morph"
+LAYERS = ("pipelining", "comm", "monitor", "runtime", "integration", "compare")
+ENTRY_POINTS = {"train": "integration", "launch": "integration"}
+PURE = ("pipelining", "monitor")  # no torch
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None  # titan_morph itself
+    return ENTRY_POINTS.get(parts[1], parts[1])
+
+
+def _imports(path: Path) -> list[tuple[str, int]]:
+    """Every module named by an import in ``path`` (absolute, relative resolved), with its line."""
+    tree = ast.parse(path.read_text(), str(path))
+    here = _module(path)
+    package = here if path.name == "__init__.py" else here.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            out.append((base, node.lineno))
+            out += [(f"{base}.{alias.name}", node.lineno) for alias in node.names]  # submodule imports
+    return out
+
+
+def _files() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def _known_modules() -> set[str]:
+    return {_module(p) for p in _files()}
+
+
+def _edges() -> list[tuple[str, str, int]]:
+    known = _known_modules()
+    edges = []
+    for path in _files():
+        src = _module(path)
+        for name, line in _imports(path):
+            if name in known and name != src:
+                edges.append((src, name, line))
+    return edges
+
+
+def test_every_import_points_down_the_layers():
+    wrong = []
+    for src, dst, line in _edges():
+        a, b = _layer(src), _layer(dst)
+        if a is None or b is None:
+            continue
+        if LAYERS.index(b) > LAYERS.index(a):
+            wrong.append(f"{src}:{line} imports {dst} ({a} -> {b})")
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def test_the_planner_imports_no_other_titan_morph_package():
+    outside = [
+        f"{src}:{line} imports {dst}"
+        for src, dst, line in _edges()
+        if _layer(src) == "pipelining" and _layer(dst) != "pipelining"
+    ]
+    assert not outside, outside
+
+
+@pytest.mark.parametrize("layer", PURE)
+def test_pure_layers_never_name_torch(layer: str):
+    named = [
+        f"{_module(path)}:{line} imports {name}"
+        for path in _files()
+        if _layer(_module(path)) == layer
+        for name, line in _imports(path)
+        if name == "torch" or name.startswith("torch.")
+    ]
+    assert not named, named
+
+
+def test_no_import_cycle_between_files():
+    graph: dict[str, set[str]] = {}
+    for src, dst, _ in _edges():
+        if not dst.endswith("__init__") and dst != "titan_morph":
+            graph.setdefault(src, set()).add(dst)
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append([*trail[trail.index(nxt) :], nxt] if nxt in trail else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, [*trail, nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_importing_the_planner_loads_no_torch_in_a_fresh_interpreter():
+    modules = sorted(_module(p) for p in (PACKAGE / "pipelining").glob("*.py"))
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "bad = sorted(k for k in sys.modules if k == 'torch' or k.startswith('torch.')"
+        " or (k.startswith('titan_morph.') and not k.startswith('titan_morph.pipelining')))\n"
+        "print(len(sys.modules)); print(bad[:8])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    count, bad = out.stdout.splitlines()
+    assert int(count) > 0 and bad == "[]", bad
+
+
+def test_no_getattr_probing_of_a_transport():
+    """Members a transport offers are in the written Protocol; nothing asks with getattr/hasattr."""
+    suspects = ("transport", "primary", "delegate", "inner")
+    found = []
+    for path in _files():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            probe = isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            if probe and node.func.id in ("getattr", "hasattr"):
+                target = ast.unparse(node.args[0]) if node.args else ""
+                if any(s in target for s in suspects):
+                    found.append(f"{_module(path)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found

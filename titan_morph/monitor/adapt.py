@@ -1,0 +1,167 @@
+"""Live adaptation's decisions (paper §6): from the stages' exchanged step profiles to a plan change.
+
+The runtime exchanges one profile row per stage after every step and hands every rank the same
+list; :meth:`Monitor.observe` turns it into per-link delays (:mod:`.delays`), runs the Eq. 1
+detector with hysteresis (:mod:`.detect`) and, on a decision, builds the new plan (Alg. 2 + the
+search, :mod:`.replan`). Everything is a pure function of the exchanged data, so every rank reaches
+the same :class:`Change`; the runtime installs it at the iteration boundary (and, with
+``[morph] transport = "auto"``, moves the slow links to the delegates).
+
+Before the first decision, when the stage times were not configured, the initial plan is rebuilt
+from the times measured over the first ``profile_steps`` steps (``[morph] profile_steps``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from titan_morph.monitor.delays import LinkEstimate, estimate_links
+from titan_morph.monitor.detect import Decision, Detector, DetectRule
+from titan_morph.monitor.profile import StepProfile
+from titan_morph.monitor.replan import MeasuredTimes, adapted_plan
+from titan_morph.pipelining.model import CostModel, Plan
+from titan_morph.pipelining.slackness import tolerance_ms
+
+__all__ = ["AdaptPolicy", "Change", "Monitor"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AdaptPolicy:
+    """What a decision may change (from ``[morph]``)."""
+
+    enabled: bool = True  # re-plan (PipeMorph with ``adapt = true``); False = measure and report only
+    memory: int | None = None  # cap on in-flight microbatches of adapted plans (None = none, §4.2)
+    search: bool = False
+    search_budget_ms: float = 200.0
+    depth: int | None = None  # link-queue depth adapted plans are evaluated with (None = delegated)
+    delegate_slow_links: bool = False  # ``auto`` transport: slow links go to the delegates
+
+
+@dataclass(frozen=True)
+class Change:
+    """A plan change decided after ``step``: the plan to install, the links to move, and why."""
+
+    step: int
+    plan: Plan
+    reasons: tuple[str, ...]
+    delays_ms: tuple[float, ...]  # per link: the delay the plan is made for (0 = healthy)
+    switch: tuple[int, ...] = ()  # links to move to the delegated path
+    restore: tuple[int, ...] = ()  # links to move back to the default path
+    replan_ms: float = 0.0
+    decision: Decision | None = None  # None: the profiled initial plan
+
+    def describe(self, active: Plan, times: Sequence[Sequence[float]], delegated: Sequence[int]) -> str:
+        """The log line of this change once installed (``active``: the plan now running)."""
+        return (
+            f"step {self.step}: {'; '.join(self.reasons)} -> plan {active.plan_id} x={list(active.warmup)} "
+            f"(planned delays {[round(d, 1) for d in self.delays_ms]} ms, measured F,B,W {[list(t) for t in times]} "
+            f"ms, {self.replan_ms:.0f} ms to plan), delegated links {list(delegated)}"
+        )
+
+
+class Monitor:
+    """Detection and re-planning for one pipeline, fed the same exchanged profiles on every rank.
+
+    Args:
+        num_stages, microbatches: the pipeline (one stage per rank).
+        initial_plan: the plan the run starts with; it comes back when every link has recovered.
+        fallback_times: per-stage (F, B, W) ms used until a stage's times have been measured.
+        rule, policy: detector thresholds and what a decision may change.
+        initial_planner: rebuilds the initial plan from measured times (None: it does not depend on
+            them), applied after ``profile_steps`` steps.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_stages: int,
+        microbatches: int,
+        initial_plan: Plan,
+        fallback_times: Sequence[tuple[float, float, float]],
+        rule: DetectRule | None = None,
+        policy: AdaptPolicy | None = None,
+        initial_planner: Callable[[CostModel], Plan] | None = None,
+        profile_steps: int = 0,
+    ) -> None:
+        self.num_stages, self.microbatches = num_stages, microbatches
+        self.initial_plan = initial_plan
+        self.detector = Detector(num_stages - 1, rule)
+        self.policy = policy or AdaptPolicy()
+        self.times = MeasuredTimes(num_stages, fallback_times)
+        self.initial_planner = initial_planner
+        self.profile_steps = profile_steps
+        self.profiles: list[StepProfile] = []
+        self.estimates: list[LinkEstimate] = []
+        self.changes: list[Change] = []
+        self.step = 0
+
+    def tolerances(self, *plans: Plan) -> list[list[float]]:
+        """Eq. 1 tolerance of every link under each of ``plans``, with the measured stage times."""
+        model = self.times.model(self.microbatches)
+        return [[tolerance_ms(model, plan.warmup, link) for link in range(self.num_stages - 1)] for plan in plans]
+
+    def observe(self, step: int, profiles: list[StepProfile], active: Plan) -> Change | None:
+        """Take step ``step``'s profiles (all stages, ordered by stage); the change to make, if any."""
+        self.step, self.profiles = step, profiles
+        self.times.add(profiles)
+        self.estimates = estimate_links(profiles, self.num_stages)
+        decision = self.detector.update(step, self.estimates, *self.tolerances(active, self.initial_plan))
+        change = None
+        if decision is not None and self.policy.enabled:
+            change = self._adapt(decision)
+        elif decision is not None:
+            logger.warning("titan_morph: step %d: %s (adaptation off)", step, "; ".join(decision.reasons))
+        if change is None and step == self.profile_steps and self.initial_planner is not None:
+            change = self._profiled_initial_plan(active)
+        if change is not None:
+            self.changes.append(change)
+        return change
+
+    def _profiled_initial_plan(self, active: Plan) -> Change | None:
+        t0 = time.monotonic()
+        plan = self.initial_planner(self.times.model(self.microbatches))  # type: ignore[misc]
+        self.initial_plan = plan
+        if self.detector.slow_links or plan.orders == active.orders:
+            return None  # an adapted plan is running, or the measured times change nothing
+        reason = f"stage times measured over {self.profile_steps} steps: initial plan from F,B,W {self.times.times()}"
+        return Change(self.step, plan, (reason,), plan.model.delays, replan_ms=(time.monotonic() - t0) * 1e3)
+
+    def _adapt(self, decision: Decision) -> Change:
+        t0 = time.monotonic()
+        if decision.all_healthy:
+            plan = self.initial_plan
+        else:
+            model = self.times.model(self.microbatches, decision.delays_ms, self.policy.memory)
+            plan = adapted_plan(
+                model, search=self.policy.search, depth=self.policy.depth, budget_ms=self.policy.search_budget_ms
+            )
+        moving = self.policy.delegate_slow_links
+        return Change(
+            decision.step,
+            plan,
+            decision.reasons,
+            decision.delays_ms,
+            switch=decision.newly_slow if moving else (),
+            restore=decision.recovered if moving else (),
+            replan_ms=(time.monotonic() - t0) * 1e3,
+            decision=decision,
+        )
+
+    def metrics(self, delegated: frozenset[int]) -> dict[str, float]:
+        """TensorBoard scalars of the last step (identical on every rank)."""
+        out: dict[str, float] = {"morph/decisions": float(len(self.changes))}
+        for link, state in enumerate(self.detector.links):
+            out[f"morph/straggling/link{link}"] = float(state.slow)
+            out[f"morph/planned_delay_ms/link{link}"] = state.planned_ms
+            out[f"morph/delegated/link{link}"] = float(link in delegated)
+        for est in self.estimates:
+            value = est.upper_ms
+            if value is not None and math.isfinite(value):
+                out[f"morph/delay_ms/link{est.link}"] = value
+        return out

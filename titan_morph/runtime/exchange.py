@@ -1,0 +1,112 @@
+"""The one per-step exchange between the pipeline's ranks.
+
+After every step each stage packs its :class:`~titan_morph.runtime.records.StepRecord` into one
+fixed-size row (:mod:`titan_morph.monitor.profile`) and the stages all-gather the rows: one small
+collective on a CPU group, no external service. Every rank then holds every stage's view of the
+step, on the pipeline's common clock, and uses it for three things:
+
+* the plan check -- every stage ran the same plan (:class:`PlanMismatchError` otherwise);
+* the monitor's detection and re-planning (the same data on every rank gives the same decision);
+* the TensorBoard figures that need all stages (pipeline time, per-stage idle time, latencies).
+
+The collective is bounded by the pipeline group's own timeout (TorchTitan's ``[comm]`` timeouts).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import torch
+import torch.distributed as dist
+
+from titan_morph.comm.groups import cpu_group
+from titan_morph.monitor.profile import MessageStamp, StepProfile, decode, encode, row_width
+from titan_morph.runtime.records import StepRecord
+
+__all__ = ["PlanMismatchError", "StepExchange", "plan_number", "step_profile"]
+
+logger = logging.getLogger(__name__)
+NAN = float("nan")
+
+
+class PlanMismatchError(RuntimeError):
+    """Ranks of one pipeline installed different plans: running on would deadlock."""
+
+
+def plan_number(plan_id: str) -> int:
+    """A plan id (12 hex digits) as an integer: exact in a float64 row and in a TensorBoard scalar's
+    first 6 digits (:func:`titan_morph.runtime.metrics.plan_scalar`)."""
+    return int(plan_id, 16)
+
+
+def step_profile(record: StepRecord, stage: int, epoch: float) -> StepProfile:
+    """This stage's row of the exchange: ``record`` with every time on the common clock (ms since
+    ``epoch``). Refused or failed messages are left out (no delivery to time)."""
+
+    def ms(value: float | None) -> float:
+        return NAN if value is None else value
+
+    counts = Counter(kind for kind, *_ in record.op_ms)
+    prof = StepProfile(
+        stage,
+        record.step,
+        (record.start_s - epoch) * 1e3,
+        (record.end_s - epoch) * 1e3,
+        {kind: (total, counts[kind]) for kind, total in record.compute_ms.items()},
+        plan=plan_number(record.plan_id),
+        blocked_ms=sum(record.blocked_ms.values()),
+        send_late_ms=sum(record.send_late_ms),
+        sends=len(record.send_late_ms),
+        failovers=record.failovers,
+    )
+    for msg in record.messages:
+        if msg.status in ("down", "error"):
+            continue
+        if msg.side == "send":
+            accepted = msg.accepted if msg.accepted is not None else msg.issued
+            stamp = MessageStamp("send", msg.path, msg.link, msg.direction, msg.seq, accepted, ms(msg.planned))
+        else:
+            stamp = MessageStamp(
+                "recv", msg.path, msg.link, msg.direction, msg.seq, ms(msg.arrived), ms(msg.waited), ms(msg.completed)
+            )
+        prof.messages.append(stamp)
+    return prof
+
+
+class StepExchange:
+    """All-gathers one :class:`StepProfile` row per stage of ``group`` (on a CPU group)."""
+
+    def __init__(self, group: dist.ProcessGroup, microbatches: int) -> None:
+        self.group = cpu_group(group)
+        self.microbatches = microbatches
+        self.width = row_width(microbatches)
+        self.size = dist.get_world_size(self.group)
+
+    def gather(self, prof: StepProfile) -> list[StepProfile]:
+        """Every stage's profile of this step, ordered by stage; checks that they ran one plan."""
+        mine = torch.tensor(encode(prof, self.microbatches), dtype=torch.float64)
+        if prof.dropped:
+            logger.warning(
+                "titan_morph: stage %d step %d: %d message stamps did not fit the exchange row",
+                prof.stage,
+                prof.step,
+                prof.dropped,
+            )
+        rows = [torch.empty(self.width, dtype=torch.float64) for _ in range(self.size)]
+        dist.all_gather(rows, mine, group=self.group)
+        profiles = sorted((decode(r.tolist()) for r in rows), key=lambda p: p.stage)
+        plans = {p.plan for p in profiles}
+        if len(plans) != 1:
+            ran = ", ".join(f"stage {p.stage}: {p.plan:012x}" for p in profiles)
+            raise PlanMismatchError(f"step {prof.step + 1}: pipeline stages ran different plans ({ran})")
+        return profiles
+
+    def agree(self, plan_id: str) -> None:
+        """Collective: raise :class:`PlanMismatchError` on every rank unless all hold ``plan_id``."""
+        mine = torch.tensor([plan_number(plan_id)], dtype=torch.int64)
+        gathered = [torch.zeros_like(mine) for _ in range(self.size)]
+        dist.all_gather(gathered, mine, group=self.group)
+        ids = [f"{int(t.item()):012x}" for t in gathered]
+        if len(set(ids)) != 1:
+            raise PlanMismatchError(f"pipeline ranks installed different plans: {ids} (this rank: {plan_id})")

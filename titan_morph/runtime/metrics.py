@@ -1,0 +1,173 @@
+"""The runtime's TensorBoard figures, assembled from one step's record and the per-step exchange.
+
+TorchTitan writes TensorBoard from the first rank of the last stage; every rank can compute every
+figure here, because the exchange gave each of them all stages' rows. One name per figure (the
+README's tables list them). :class:`MetricsSource` and :class:`ImageSource` are what TorchTitan's
+metrics processor asks a schedule for.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from titan_morph.monitor.profile import StepProfile
+from titan_morph.pipelining.links import LinkDownError, LinkModel
+from titan_morph.pipelining.model import Plan
+from titan_morph.pipelining.simulate import simulate
+from titan_morph.runtime.records import StepRecord
+
+__all__ = [
+    "ImageSource",
+    "MetricsSource",
+    "TimelineRenderer",
+    "message_latencies",
+    "pipeline_metrics",
+    "plan_scalar",
+    "predicted_ms",
+    "record_metrics",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class MetricsSource(Protocol):
+    """A schedule that reports scalars of its last step (called on every rank at the same steps; no
+    collectives inside)."""
+
+    def tensorboard_metrics(self, step: int) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class ImageSource(Protocol):
+    """A schedule that reports images (HWC RGB arrays) of its last step, as :class:`MetricsSource`."""
+
+    def tensorboard_images(self, step: int) -> dict[str, Any]: ...
+
+
+def plan_scalar(plan_id: str) -> float:
+    """A plan id as a TensorBoard scalar: its first 6 hex digits as an integer (exact in float32)."""
+    return float(int(plan_id[:6], 16))
+
+
+def record_metrics(record: StepRecord, plan: Plan, plan_changes: int, planned_bubble_rate: float) -> dict[str, float]:
+    """This rank's figures: its step time, compute, idle and send blocking, and the plan it runs."""
+    out = {
+        "morph/iteration_ms": record.iteration_ms,
+        "morph/compute_ms": record.busy_ms,
+        "morph/idle_ms": record.idle_ms,
+        "morph/blocked_ms": sum(record.blocked_ms.values()),
+        "morph/plan_id": plan_scalar(record.plan_id),
+        "morph/plan_changes": float(plan_changes),
+        "morph/planned_bubble_rate": planned_bubble_rate,
+    }
+    if record.planned_makespan_ms is not None:
+        out["morph/planned_makespan_ms"] = record.planned_makespan_ms
+    for link, delta in enumerate(plan.slackness):
+        out[f"morph/slackness/link{link}"] = float(delta)
+    for link, ms in sorted(record.blocked_ms.items()):
+        out[f"morph/blocked_ms/link{link}"] = ms
+    return out
+
+
+def message_latencies(profiles: Sequence[StepProfile]) -> dict[int, list[float]]:
+    """Host latency of emulated messages per link: observed arrival - the link model's delivery time.
+
+    Counted only for messages whose receiver was already waiting when they were due, so a busy
+    receiver does not count as latency. This is what the CPU emulation adds to every message (gloo
+    over TCP, thread wake-ups); the link model and the simulator assume 0.
+    """
+    planned = {m.key: m.t2 for p in profiles for m in p.messages if m.side == "send" and not math.isnan(m.t2)}
+    out: dict[int, list[float]] = {}
+    for p in profiles:
+        for m in p.messages:
+            due = planned.get(m.key) if m.side == "recv" else None
+            if due is not None and not math.isnan(m.t3) and m.t2 <= due:
+                out.setdefault(m.link, []).append(m.t3 - due)
+    return out
+
+
+def pipeline_metrics(profiles: Sequence[StepProfile], num_stages: int) -> dict[str, float]:
+    """Figures over all stages of one step (the exchanged profiles, ms on the common clock).
+
+    ``morph/pipeline_ms``: stage 0's start to the latest end of any stage -- what the simulator's
+    makespan measures; ``morph/bubble_rate``: 1 - busy / (S x that span); per-stage idle and send
+    blocking; failovers counted on both ends of a link; message latencies (mean: latencies add up
+    along the critical path, tail included) and send lateness.
+    """
+    out: dict[str, float] = {"morph/failovers": float(sum(p.failovers for p in profiles))}
+    for p in profiles:
+        out[f"morph/stage{p.stage}/idle_ms"] = max(0.0, (p.end_ms - p.start_ms) - p.busy_ms)
+        out[f"morph/stage{p.stage}/blocked_ms"] = p.blocked_ms
+    if len(profiles) == num_stages and profiles[0].stage == 0:
+        span = max(p.end_ms for p in profiles) - profiles[0].start_ms
+        if span > 0:
+            out["morph/pipeline_ms"] = span
+            out["morph/bubble_rate"] = max(0.0, 1.0 - sum(p.busy_ms for p in profiles) / (num_stages * span))
+    latencies = message_latencies(profiles)
+    if latencies:
+        out["morph/latency_ms"] = statistics.fmean(v for vs in latencies.values() for v in vs)
+        for link, values in sorted(latencies.items()):
+            out[f"morph/latency_ms/link{link}"] = statistics.fmean(values)
+    sends = sum(p.sends for p in profiles)
+    if sends:
+        out["morph/send_latency_ms"] = sum(p.send_late_ms for p in profiles) / sends
+    return out
+
+
+def predicted_ms(plan: Plan, links: LinkModel | None, depth: int | None, step: int, t0_ms: float) -> float | None:
+    """The simulator's makespan of ``plan`` for TorchTitan step ``step`` starting at ``t0_ms`` on the
+    common clock, under the transport's link model and queue depth (None when it cannot complete)."""
+    model = plan.model.with_delays((0.0,) * (plan.model.stages - 1))
+    try:
+        return simulate(model, plan.orders, links=links, depth=depth, step=step, t0=t0_ms).makespan
+    except (LinkDownError, RuntimeError, ValueError):
+        return None
+
+
+class TimelineRenderer:
+    """The active plan's simulated timeline as an RGB array, once per plan change.
+
+    Rendering takes ~1 s of matplotlib, far too long to spend between two steps on the logging rank
+    (it would stall the whole pipeline), so it runs in a background thread; the image is returned by
+    the first call after it is ready (and logged at that step).
+    """
+
+    def __init__(self) -> None:
+        self._image_for: str | None = None  # plan id whose timeline was last rendered
+        self._job: tuple[threading.Thread, dict[str, Any]] | None = None
+
+    def image(self, plan: Plan, title: str) -> Any | None:
+        job = self._job
+        if job is not None and not job[0].is_alive():
+            self._job = None
+            return job[1].get("img")
+        if job is None and self._image_for != plan.plan_id:
+            self._image_for = plan.plan_id
+            out: dict[str, Any] = {}
+            thread = threading.Thread(
+                target=_render_timeline, args=(plan, title, out), name="titan_morph-timeline", daemon=True
+            )
+            thread.start()
+            self._job = (thread, out)
+        return None
+
+
+def _render_timeline(plan: Plan, title: str, out: dict[str, Any]) -> None:
+    try:
+        import tempfile
+
+        import matplotlib.image
+
+        from titan_morph.pipelining.export import timeline_png
+
+        with tempfile.TemporaryDirectory(prefix="titan_morph_tl") as tmp:
+            path = timeline_png(simulate(plan.model, plan.orders), f"{tmp}/plan.png", title, dpi=80)
+            out["img"] = matplotlib.image.imread(str(path))[..., :3]
+    except Exception as err:  # a picture must never break training
+        logger.warning("titan_morph: could not render the plan timeline: %s", err)

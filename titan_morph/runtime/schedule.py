@@ -1,0 +1,295 @@
+"""Run titan_morph plans in torch's pipeline runtime, re-plannable between steps.
+
+``MorphSchedule`` is a ``_PipelineScheduleRuntime`` (the ``PipelineScheduleMulti`` family) with
+one stage per rank. It takes a :class:`~titan_morph.pipelining.model.Plan` (per-rank F/I/W orders
+from the generator, Alg. 3/4), lowers it with torch's own passes (``_prepare_schedule_with_comms``),
+and routes every pipeline send/recv of a step through a transport (:mod:`titan_morph.comm`).
+
+After every step the ranks run the one per-step exchange (:mod:`.exchange`): it checks that they
+ran the same plan, feeds the monitor (:class:`~titan_morph.monitor.adapt.Monitor`, whose decision
+is the same on every rank) and gives every rank the figures of all stages. A plan change (the
+monitor's, or :meth:`MorphSchedule.set_plan` called on every rank) takes effect at the next step:
+the iteration boundary of §6.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+from titan_morph.comm.clock import sync_clock
+from titan_morph.comm.scope import use_transport
+from titan_morph.comm.transport import Handle, TorchTransport, Transport
+from titan_morph.monitor.adapt import Change, Monitor
+from titan_morph.monitor.profile import StepProfile
+from titan_morph.pipelining.model import Plan, validate_orders
+from titan_morph.pipelining.simulate import simulate
+from titan_morph.runtime.actions import to_actions
+from titan_morph.runtime.exchange import PlanMismatchError, StepExchange, step_profile
+from titan_morph.runtime.metrics import (
+    TimelineRenderer,
+    pipeline_metrics,
+    predicted_ms,
+    record_metrics,
+)
+from titan_morph.runtime.records import StepRecord
+from titan_morph.runtime.testbed import DeviceClock
+
+__all__ = ["MorphSchedule", "PlanMismatchError"]
+
+logger = logging.getLogger(__name__)
+
+_TIMED_METHODS = {"forward_one_chunk": "F", "backward_one_chunk": "B", "backward_weight_one_chunk": "W"}
+
+
+class _TimedSends:
+    """The step's P2P entry point: times how late each send leaves after the op that produced it
+    and, on the testbed, tells the transport when that op ended on the device."""
+
+    def __init__(self, schedule: MorphSchedule) -> None:
+        self.schedule = schedule
+
+    def batch_p2p(self, ops: list[dist.P2POp], desc: str | None = None) -> list[Handle]:
+        sched = self.schedule
+        produced, record = sched._produced_at, sched._current
+        if produced is not None and record is not None and any(op.op is dist.isend for op in ops):
+            record.send_late_ms.append((time.monotonic() - produced) * 1e3)
+            if sched.device_clock is not None:
+                # the send leaves when the producing op ends on the device (as a send queued behind
+                # a GPU kernel does), within the clock's host-gap bound
+                sched.transport.hint_issue(produced, sched.device_clock.hide_s * 1e3)
+            sched._produced_at = None
+        return sched.transport.batch_p2p(ops, desc)
+
+
+class MorphSchedule(_PipelineScheduleRuntime):
+    """Per-rank orders from ``titan_morph.pipelining`` in torch's runtime (one stage per rank).
+
+    Args:
+        stages: a one-element list with this rank's ``PipelineStage`` (stage index = pp rank).
+        n_microbatches: N; must equal ``plan.model.microbatches``.
+        loss_fn: as for any torch schedule.
+        plan: the initial plan (same on every rank).
+        transport: the transport of every send/recv of a step (None: torch.distributed, on the
+            pipeline's common clock).
+        scale_grads: as for torch schedules (TorchTitan passes ``False``).
+        planned_depth: link-queue depth the plan's makespan is predicted with (the transport's
+            model: ``link_queue_depth`` for the blocking default transport, None = non-blocking).
+        predict: also report the simulator's prediction of each step under the transport's
+            actual link model (meaningful when the plan's stage times are the real ones).
+        monitor: detection and re-planning, fed by the per-step exchange (None: measure only).
+        device_clock: the testbed's clock of this stage, when its ops are padded (op times are then
+            device times, as CUDA events would measure them).
+    """
+
+    def __init__(
+        self,
+        stages: list[Any],
+        n_microbatches: int,
+        loss_fn: Callable | None = None,
+        *,
+        plan: Plan,
+        transport: Transport | None = None,
+        scale_grads: bool = True,
+        planned_depth: int | None = None,
+        predict: bool = False,
+        monitor: Monitor | None = None,
+        device_clock: DeviceClock | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if len(stages) != 1:
+            raise ValueError(f"MorphSchedule runs one stage per rank, got {len(stages)} stages on this rank")
+        super().__init__(stages, n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads, **kwargs)
+        if self._num_stages != self.pp_group_size:
+            raise ValueError(
+                f"MorphSchedule needs as many stages as pipeline ranks, got {self._num_stages} stages"
+                f" on {self.pp_group_size} ranks"
+            )
+        stage = stages[0]
+        group = stage.group if stage.group is not None else dist.group.WORLD
+        distributed = dist.is_initialized() and self.pp_group_size > 1
+        if transport is None:
+            transport = TorchTransport(sync_clock(group).epoch if distributed else None)
+        self.transport: Transport = transport
+        self.monitor = monitor
+        self.device_clock = device_clock
+        self.plan: Plan = plan
+        self.planned_depth = planned_depth
+        self.predict = predict
+        self.planned_makespan_ms: float | None = None
+        self.planned_bubble_rate = 0.0
+        self.plan_changes = 0
+        self.records: list[StepRecord] = []
+        self.max_records = 1000
+        self.profiles: list[StepProfile] = []  # every stage's view of the last step (the exchange)
+        self.monitor_ms = 0.0  # the exchange and the monitor's work after the last step
+        self._steps = 0
+        self._current: StepRecord | None = None
+        self._blocked_seen: dict[int, float] = {}
+        self._produced_at: float | None = None
+        self._stage_index = stage.stage_index
+        self._is_last = stage.stage_index == stage.num_stages - 1
+        self._exchange = StepExchange(group, n_microbatches) if distributed else None
+        self._timeline = TimelineRenderer()
+        self._instrument(stage)
+        self.set_plan(plan)
+
+    # ----------------------------------------------------------------- plans
+    def set_plan(self, plan: Plan, *, check: bool = True) -> None:
+        """Install ``plan`` for the following steps; call it between steps on every rank.
+
+        With ``check`` (default), all ranks of the pipeline exchange the plan id now and a
+        :class:`PlanMismatchError` is raised everywhere if they differ. Without it the next per-step
+        exchange still checks which plan every stage ran.
+        """
+        model = plan.model
+        if model.stages != self._num_stages or model.microbatches != self._n_microbatches:
+            raise ValueError(
+                f"plan is for S={model.stages}, N={model.microbatches}; this schedule runs"
+                f" S={self._num_stages}, N={self._n_microbatches}"
+            )
+        validate_orders(model, plan.orders)
+        if check and self._exchange is not None:
+            self._exchange.agree(plan.plan_id)
+        actions = to_actions(plan)
+        self.pipeline_order = {rank: list(acts) for rank, acts in actions.items()}
+        self._prepare_schedule_with_comms({rank: list(acts) for rank, acts in actions.items()})
+        planned = simulate(model, plan.orders, depth=self.planned_depth)
+        self.planned_makespan_ms, self.planned_bubble_rate = planned.makespan, planned.mean_bubble_rate
+        previous, self.plan = self.plan, plan
+        if previous is not plan and previous.plan_id != plan.plan_id:
+            self.plan_changes += 1
+            logger.info("pipeline plan %s -> %s (x=%s)", previous.plan_id, plan.plan_id, list(plan.warmup))
+
+    # ------------------------------------------------------------- figures
+    def tensorboard_metrics(self, step: int) -> dict[str, float]:
+        """Scalars about the last step for TorchTitan's metrics processor (the README lists them)."""
+        if not self.records:
+            return {}
+        rec = self.records[-1]
+        out = record_metrics(rec, self.plan, self.plan_changes, self.planned_bubble_rate)
+        out.update(pipeline_metrics(self.profiles, self._num_stages))
+        out["morph/monitor_ms"] = self.monitor_ms
+        if self.monitor is not None:
+            out.update(self.monitor.metrics(self.transport.delegated()))
+        if self.predict and self._is_last and self.profiles:
+            predicted = predicted_ms(
+                self.plan, self.transport.links, self._predicted_depth(), rec.step + 1, self.profiles[0].start_ms
+            )
+            if predicted is not None:
+                out["morph/predicted_ms"] = predicted
+        return out
+
+    def _predicted_depth(self) -> int | None:
+        if self.transport.links is None:
+            return self.planned_depth
+        if self.transport.delegated():  # slow links run on the non-blocking delegates
+            return None
+        return self.transport.depth
+
+    def tensorboard_images(self, step: int) -> dict[str, Any]:
+        """``morph/plan_timeline``: the active plan's simulated timeline (HWC RGB), after a plan change."""
+        if self.monitor is None or not self.monitor.changes or not self._is_last:
+            return {}
+        title = f"step {self.monitor.changes[-1].step}: plan {self.plan.plan_id} x={list(self.plan.warmup)}"
+        img = self._timeline.image(self.plan, title)
+        return {} if img is None else {"morph/plan_timeline": img}
+
+    # --------------------------------------------------------------- timing
+    def _instrument(self, stage: Any) -> None:
+        """Wrap this rank's stage compute calls with a monotonic clock (per-op records)."""
+        clock = self.device_clock
+
+        def wrap(name: str, kind: str) -> None:
+            inner = getattr(stage, name)
+
+            def timed(mb_index: int, *args: Any, **kwargs: Any) -> Any:
+                rec = self._current
+                if rec is None:
+                    return inner(mb_index, *args, **kwargs)
+                start = time.monotonic()
+                out = inner(mb_index, *args, **kwargs)
+                end = time.monotonic()
+                op_kind = kind
+                if name == "backward_one_chunk" and not kwargs.get("full_backward", True):
+                    op_kind = "I"
+                if clock is not None:  # the op's device time, what a CUDA event pair would measure
+                    start, end = clock.last_begin, clock.device_end
+                rec.compute_ms[op_kind] = rec.compute_ms.get(op_kind, 0.0) + (end - start) * 1e3
+                rec.op_ms.append((op_kind, mb_index, start, end))
+                self._produced_at = end
+                return out
+
+            setattr(stage, name, timed)
+
+        for name, kind in _TIMED_METHODS.items():
+            wrap(name, kind)
+
+    def _step_microbatches(self, *args: Any, **kwargs: Any) -> Any:
+        record = StepRecord(self._steps, self.plan.plan_id, 0.0, self.planned_makespan_ms)
+        self.transport.set_step(self._steps + 1)  # TorchTitan counts steps from 1
+        self._current = record
+        start = time.monotonic()
+        try:
+            with use_transport(_TimedSends(self)):
+                out = super()._step_microbatches(*args, **kwargs)
+        finally:
+            self._current = None
+        end = time.monotonic()
+        record.start_s = start
+        record.iteration_ms = (end - start) * 1e3
+        record.op_ms = [(k, mb, (s - start) * 1e3, (e - start) * 1e3) for k, mb, s, e in record.op_ms]
+        record.blocked_ms = self._blocked_delta()
+        record.failovers = self.transport.failovers
+        record.messages = self.transport.take_records()
+        self.records.append(record)
+        if len(self.records) > self.max_records:
+            del self.records[: len(self.records) - self.max_records]
+        self._steps += 1
+        if self._exchange is not None:  # exchange, check, detect, maybe re-plan: before the next step
+            self._after_step(record)
+        record.messages = []  # consumed: keep the step records small
+        return out
+
+    def _after_step(self, record: StepRecord) -> None:
+        assert self._exchange is not None
+        t0 = time.monotonic()
+        epoch = self.transport.epoch
+        prof = step_profile(record, self._stage_index, epoch)
+        t_sent = time.monotonic()
+        prof.sent_ms = (t_sent - epoch) * 1e3
+        self.profiles = self._exchange.gather(prof)
+        t_gathered = time.monotonic()
+        # Waiting for the last stage to finish its step is not this work's cost (TorchTitan's
+        # grad-norm all-reduce waits for it anyway): count the exchange from the last arrival.
+        last_in = max(p.sent_ms for p in self.profiles)
+        exchange_ms = max(0.0, (t_gathered - epoch) * 1e3 - max(last_in, prof.sent_ms))
+        if self.monitor is not None:
+            change = self.monitor.observe(record.step + 1, self.profiles, self.plan)
+            if change is not None:
+                self._apply(change)
+        self.monitor_ms = (t_sent - t0 + time.monotonic() - t_gathered) * 1e3 + exchange_ms
+
+    def _apply(self, change: Change) -> None:
+        """Install a monitor decision on this rank (every rank makes the same one)."""
+        if change.plan.orders != self.plan.orders:  # else nothing to re-deploy
+            self.set_plan(change.plan, check=False)  # the next exchange checks what every stage ran
+        self.transport.switch(change.switch)
+        self.transport.restore(change.restore)
+        assert self.monitor is not None
+        logger.warning(
+            "titan_morph: %s",
+            change.describe(self.plan, self.monitor.times.times(), sorted(self.transport.delegated())),
+        )
+
+    def _blocked_delta(self) -> dict[int, float]:
+        """Per-link ms this rank was blocked in sends during the step (the transport's totals, differenced)."""
+        blocked = self.transport.blocked_ms()
+        delta = {link: ms - self._blocked_seen.get(link, 0.0) for link, ms in blocked.items()}
+        self._blocked_seen = dict(blocked)
+        return delta
