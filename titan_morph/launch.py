@@ -192,10 +192,6 @@ def tyro_error_line(text: str) -> str:
             if section and section[0].startswith("Perhaps you meant"):
                 flags = [s.split()[0] for s in section[1:] if s.startswith("--")]
                 hint = f" (did you mean {flags[0]}?)" if flags else ""
-        bools = [f for f in re.findall(r"--([\w.-]+)", body) if ".no-" in f or ".no_" in f]
-        if bools:
-            on = _option_key(bools[0]).replace(".no_", ".")
-            hint = f" (booleans take a value: --{on} false)"
         return f"unrecognized option(s): {body.split(':', 1)[1].strip()}{hint}"
     return f"{title.lower()}: {body}" if title else body
 
@@ -204,10 +200,10 @@ def resolve(config_file: str | Path, overrides: Sequence[str] = ()) -> Any:
     """TorchTitan's JobConfig for ``--job.config_file CONFIG *overrides``, the way ``torchtitan.train``
     builds it (TOML, then the command line), with the ``[morph]`` section. Raises
     :class:`LaunchError` (one line) for a missing file, bad TOML, unknown keys or a rejected option."""
-    from titan_morph.integration.config import MorphConfigError
+    from titan_morph.integration.config import MorphConfigError, expand_negated_flags
 
     toml = load_toml(config_file)
-    argv = with_config_module(["--job.config_file", str(config_file), *overrides], toml)
+    argv = with_config_module(expand_negated_flags(["--job.config_file", str(config_file), *overrides]), toml)
     try:
         check_toml_keys(toml, titan=False)
         if "torchtitan.tools.utils" not in sys.modules:  # as titan_morph.train: adapt before torchtitan loads

@@ -33,15 +33,16 @@ RUN_ID_PLACEHOLDER = "{run_id}"
 
 
 def prepare_args(argv: list[str]) -> list[str]:
-    """Add the [morph] config module when missing and pre-check the TOML's [morph] keys."""
-    from titan_morph.integration.config import check_unknown_keys
+    """Add the [morph] config module when missing, pre-check the TOML's [morph] keys and spell
+    ``--morph.no-<flag>`` as ``--morph.<flag> false``."""
+    from titan_morph.integration.config import check_unknown_keys, expand_negated_flags
     from titan_morph.launch import config_file_of, load_toml, with_config_module
 
     toml_path = config_file_of(argv)
     toml = load_toml(toml_path) if toml_path else {}
     if "morph" in toml:
         check_unknown_keys(toml["morph"])
-    return with_config_module(argv, toml)
+    return with_config_module(expand_negated_flags(argv), toml)
 
 
 def run_id() -> str:

@@ -63,7 +63,7 @@ BAD_INPUTS = {
     "delay-1e6": (["--morph.inject.delays_ms", "1e6"], "error: morph.inject.delays_ms: 1000000.0 is out of range"),
     "list-typo": (["--morph.inject.delays_ms", "0,x,0"], "error: morph.inject.delays_ms: 'x' is not a number"),
     "bool-value": (["--morph.monitor", "maybe"], "error: morph.monitor: 'maybe' is not a boolean"),
-    "bool-negation": (["--morph.no-monitor"], "(booleans take a value: --morph.monitor false)"),
+    "monitor-off-adapt-on": (["--morph.no-monitor"], "error: morph.adapt: True needs morph.monitor = true"),
     "unknown-cli-option": (["--morph.transprot", "auto"], "error: unrecognized option(s): --morph.transprot"),
     "short-trace-row": (
         ["--morph.inject.mode", "trace", "--morph.inject.trace_file", "{trace}"],

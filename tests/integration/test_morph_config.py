@@ -204,6 +204,25 @@ def test_unknown_keys_name_the_key_and_the_allowed_ones():
     check_unknown_keys({"transport": "auto", "inject": {"mode": "none"}, "synthetic": {"enabled": False}})
 
 
+def test_negated_boolean_flags_are_spelled_with_a_value():
+    from titan_morph.integration.config import expand_negated_flags
+    from titan_morph.train import prepare_args
+
+    argv = ["--morph.no-adapt", "--morph.synthetic.no_enabled", "--morph.no-such", "--compile.no-enable", "--x", "1"]
+    assert expand_negated_flags(argv) == [
+        "--morph.adapt",
+        "false",
+        "--morph.synthetic.enabled",
+        "false",
+        "--morph.no-such",
+        "--compile.no-enable",
+        "--x",
+        "1",
+    ]
+    morph = _parse(*prepare_args(["--job.config_file", str(DEFAULT_CONFIG), "--morph.no-adapt"])[2:]).morph
+    assert morph.adapt is False and morph.monitor is True
+
+
 def test_prepare_args_rejects_unknown_toml_key_and_adds_config_module(tmp_path):
     from titan_morph.train import CONFIG_MODULE, prepare_args
 

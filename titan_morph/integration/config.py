@@ -344,6 +344,34 @@ class JobConfig:
     morph: Morph = field(default_factory=Morph)
 
 
+def _bool_fields(cls: type = Morph, prefix: str = "morph") -> set[str]:
+    """Dotted names of every boolean option below ``cls`` (``morph.adapt``, ``morph.synthetic.enabled``)."""
+    names = set()
+    for f in fields(cls):
+        base, _ = _unwrap(f.type)
+        if is_dataclass(base):
+            names |= _bool_fields(base, f"{prefix}.{f.name}")  # type: ignore[arg-type]
+        elif base is bool:
+            names.add(f"{prefix}.{f.name}")
+    return names
+
+
+def expand_negated_flags(argv: Sequence[str]) -> list[str]:
+    """``--morph.no-adapt`` (TorchTitan's spelling of a false boolean flag) -> ``--morph.adapt false``.
+
+    The ``[morph]`` booleans take a value on the command line; this keeps the ``--...no-<name>``
+    form working too. Other arguments are returned unchanged.
+    """
+    known = _bool_fields()
+    out: list[str] = []
+    for arg in argv:
+        head, _, name = arg[2:].rpartition(".") if arg.startswith("--morph.") else ("", "", "")
+        plain = name[3:] if name.startswith(("no-", "no_")) else ""
+        key = f"{head}.{plain.replace('-', '_')}"
+        out.extend([f"--{key}", "false"] if plain and key in known else [arg])
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # Validation
 
