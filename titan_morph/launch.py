@@ -28,6 +28,7 @@ What :func:`supervise` guarantees, after a run, a failed run or Ctrl-C:
 
 import contextlib
 import ctypes
+import importlib
 import os
 import re
 import shutil
@@ -238,7 +239,8 @@ def resolve(config_file: str | Path, overrides: Sequence[str] = ()) -> Any:
 def validate(job_config: Any) -> None:
     """Every check of a resolved configuration, the same on the launcher and on each rank:
     ``[morph]`` against the pipeline (:func:`~titan_morph.integration.config.validate_job_config`)
-    and the schedule name for titan_morph's TrainSpec. Raises ``MorphConfigError``."""
+    and, for titan_morph's TrainSpec, the schedule name (after importing ``[experimental]
+    custom_import``, which may register schedules). Raises ``MorphConfigError``."""
     from titan_morph.integration.config import MorphConfigError, validate_job_config
 
     validate_job_config(job_config)
@@ -247,6 +249,13 @@ def validate(job_config: Any) -> None:
 
     if par.pipeline_parallel_degree > 1 and job_config.model.name == TRAIN_SPEC_NAME:
         from titan_morph.integration.schedules import check_schedule_name, schedule_names
+
+        custom = job_config.experimental.custom_import
+        if custom:  # what TorchTitan's Trainer imports first: it may register schedules
+            try:
+                importlib.import_module(custom)
+            except ImportError as err:
+                raise MorphConfigError(f"experimental.custom_import: {custom!r} cannot be imported: {err}") from None
 
         name = par.pipeline_parallel_schedule
         try:

@@ -4,7 +4,7 @@ Bad inputs run the real ``./run_train.sh`` (set-up, launcher, TorchTitan's confi
 code 2, one line on stderr naming the key, no torchrun output, no run folder. Runs (finished,
 failed, interrupted by SIGINT) are checked for leftovers: the run's private TMPDIR must hold
 nothing but torch's compile cache (no ``torchelastic_*`` folder), no process may carry the run's
-id, and no ``/dev/shm/titan_morph_*`` segment created during the run may remain unused.
+environment marker, and no ``/dev/shm/titan_morph_*`` segment created during the run may remain unused.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import DEFAULT_CONFIG, REPO
 
+from titan_morph.compare.runner import MARKER_ENV, marked_processes
 from titan_morph.launch import LaunchError, load_toml, shm_segments, tyro_error_line
 
 SYNTHETIC = REPO / "train_configs" / "synthetic_cpu.toml"
@@ -145,37 +146,22 @@ def test_toml_errors_name_file_and_line(tmp_path):
 # Nothing left behind
 
 
-def _processes_with_env(needle: str) -> list[tuple[int, str]]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            if needle.encode() not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                continue
-            if Path(f"/proc/{entry}/stat").read_text().rsplit(") ", 1)[-1].startswith("Z"):
-                continue
-            found.append((int(entry), Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()))
-        except OSError:
-            continue
-    return found
-
-
 class _Run:
-    """``./run_train.sh`` in its own process group with a private TMPDIR and a known run id."""
+    """``./run_train.sh`` in its own process group with a private TMPDIR and an environment marker
+    that every process it starts inherits."""
 
     def __init__(self, tmp_path: Path, *args: str, config: Path = SYNTHETIC) -> None:
         self.tmpdir = tmp_path / "tmp"
         self.tmpdir.mkdir()
         self.log = tmp_path / "out.log"
-        self.run_id = f"leftover-test-{os.getpid()}-{time.monotonic_ns()}"
+        self.run_id = f"launcher-test-{os.getpid()}-{time.monotonic_ns()}"
         self.segments_before = shm_segments()
         dump = tmp_path / "run"
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
                 [str(REPO / "run_train.sh"), *args, "--job.dump_folder", str(dump)],
                 cwd=REPO,
-                env=_env(CONFIG_FILE=str(config), TMPDIR=str(self.tmpdir), TITAN_MORPH_RUN_ID=self.run_id),
+                env=_env(CONFIG_FILE=str(config), TMPDIR=str(self.tmpdir), **{MARKER_ENV: self.run_id}),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -196,7 +182,7 @@ class _Run:
         from titan_morph.launch import _segments_in_use
 
         deadline = time.monotonic() + 5  # exited processes may take a moment to be reaped by init
-        while (procs := _processes_with_env(f"TITAN_MORPH_RUN_ID={self.run_id}")) and time.monotonic() < deadline:
+        while (procs := marked_processes(self.run_id)) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not procs, f"processes left behind: {procs}"
         # torch's compile cache (torchinductor_<user>) is shared between runs on purpose
