@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from titan_morph.compare.results import PIPELINE_TAG, STEP_TIME_TAG, TPS_TAG, read_scalars
-from titan_morph.compare.runner import load_outcome
+from titan_morph.compare.runner import Progress, load_outcome
 
 CONFIG = "train_configs/synthetic_cpu.toml"
 RUNS = [
@@ -37,11 +37,14 @@ DELAY_FROM = 5
 
 
 def _compare(logdir: Path) -> None:
+    progress = Progress(len(RUNS), lambda line: print(line, flush=True))
     for scenario, variants, steps, extra in RUNS:
         cmd = [sys.executable, "-m", "titan_morph.compare", "--config", CONFIG, "--scenario", scenario]
         cmd += ["--variants", variants, "--steps", str(steps), "--logdir", str(logdir), *extra]
+        progress.start(f"comparison {scenario} ({variants}, {steps} steps)")
         print("+", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, check=True)
+        progress.done(f"comparison {scenario}")
 
 
 def _mean(values: dict[int, float], after: int = 0) -> float:

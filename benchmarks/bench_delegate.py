@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from titan_morph.compare.results import read_scalars
-from titan_morph.compare.runner import run_checked
+from titan_morph.compare.runner import Progress, run_checked
 
 REPO = Path(__file__).resolve().parent.parent
 SYNTHETIC = REPO / "train_configs" / "synthetic_cpu.toml"
@@ -70,6 +70,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_delegate_") as tmp:
         jobs = [(s, d) for s in args.schedules.split(",") for d in ("", DELAY)]
+        progress = Progress(len(jobs) * 2 + (2 if args.llama else 0))
         for schedule, delay in jobs:
             result = {}
             for transport in ("default", "delegate"):
@@ -88,7 +89,9 @@ def main() -> None:
                     if schedule == "PipeMorph":
                         extra += ["--morph.plan_delays_ms", delay]
                 t0 = time.monotonic()
+                progress.start(f"{schedule} {transport} delay={delay or 'none'}")
                 tb = run_job(SYNTHETIC, extra, Path(tmp) / f"{schedule}-{transport}-{delay or 'none'}", args.timeout)
+                progress.done(f"{schedule} {transport} delay={delay or 'none'}")
                 result[transport] = (
                     median_after(tb.get("morph/iteration_ms", {}), args.skip),
                     median_after(tb.get("morph/pipeline_ms", {}), args.skip),
@@ -122,7 +125,9 @@ def main() -> None:
                     "--morph.transport",
                     transport,
                 ]
+                progress.start(f"llama3 debug model, {transport}")
                 tb = run_job(DEBUG, extra, Path(tmp) / f"llama-{transport}", args.timeout)
+                progress.done(f"llama3 debug model, {transport}")
                 res[transport] = median_after(tb.get("morph/iteration_ms", {}), args.skip)
             print("\n## llama3 debug model (PP=4, PipeMorph), no delay\n")
             print("| default iter ms | delegate iter ms | ratio |\n|---|---|---|")

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from titan_morph.compare.results import read_scalars
-from titan_morph.compare.runner import run_checked
+from titan_morph.compare.runner import Progress, run_checked
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "train_configs" / "synthetic_cpu.toml"
@@ -128,6 +128,7 @@ def main() -> None:
 
     rows: list[Row] = []
     depth = None
+    progress = Progress(len(CASES) * len(SCHEDULES))
     with tempfile.TemporaryDirectory(prefix="bench_testbed_") as tmp:
         for case, spec in CASES:
             delays = tuple(float(d) for d in spec.split(","))
@@ -136,7 +137,9 @@ def main() -> None:
                 plan, blocking, nonblocking, depth = predict(schedule, args, delays)
                 dump = Path(tmp) / f"{schedule}-{spec.replace(',', '_')}"
                 started = time.monotonic()
+                progress.start(f"{schedule} {case}")
                 run_checked(CONFIG, dump, args, opts.timeout)
+                progress.done(f"{schedule} {case}")
                 tb = read_scalars(dump)
                 ids = set(tb["morph/plan_id"].values())
                 if ids != {plan_scalar(plan.plan_id)}:

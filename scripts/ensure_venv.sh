@@ -1,10 +1,19 @@
 # Sourced by run_train.sh and run_tests.sh: create/reuse the virtual environment and install
-# titan_morph into it. torch==2.13.0 is installed FIRST on its own, so pip resolves it from the
-# configured find-links/index (the CPU wheel on CPU-only machines) and never pulls a multi-GB
-# build as a side effect of another package. A stamp keyed on pyproject.toml (and the Python
-# version) skips the whole install when nothing changed.
+# titan_morph into it.
 #
-# Inputs (env): VENV (default: <repo>/.venv), PYTHON (interpreter used to create it; default python3).
+# torch: pyproject.toml asks for a range (the releases the tests were run with). A torch already in
+# the venv that falls in the range is kept. Otherwise torch is installed FIRST, on its own, so that
+# no other package pulls a multi-GB CUDA build as a side effect:
+#   * TORCH_SPEC (default torch==2.13.0) is what gets installed;
+#   * on a machine without CUDA (no working nvidia-smi) pip first tries the configured local wheels
+#     only (--no-index --no-deps: find-links such as a pre-downloaded CPU wheel; torch's own
+#     dependencies come with titan_morph's below), then PyTorch's CPU wheel index,
+#     TORCH_CPU_INDEX_URL; with CUDA it uses the configured index (CUDA builds).
+# A stamp keyed on pyproject.toml, the Python version and the installed torch skips the whole step
+# when nothing changed.
+#
+# Inputs (env): VENV (default: <repo>/.venv), PYTHON (interpreter used to create it; default
+# python3), TORCH_SPEC, TORCH_CPU_INDEX_URL.
 # Outputs: VENV (absolute), VENV_PY (its python).
 
 TM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,15 +24,58 @@ if [ ! -x "$VENV/bin/python" ]; then
     echo "[setup] creating virtual environment $VENV" >&2
     "$PYTHON" -m venv "$VENV" || { echo "[setup] could not create $VENV with $PYTHON" >&2; exit 1; }
 fi
+VENV="$(cd "$VENV" && pwd)"
 VENV_PY="$VENV/bin/python"
 
+# The torch requirement of pyproject.toml, e.g. torch>=2.13,<2.15.
+tm_torch_range="$(sed -n 's/^[[:space:]]*"\(torch[<>=!~][^"]*\)",*$/\1/p' "$TM_ROOT/pyproject.toml" | head -n 1)"
+
+tm_torch_in_range() {  # exit 0 when the venv's torch satisfies $tm_torch_range
+    "$VENV_PY" - "$tm_torch_range" <<'EOF' 2>/dev/null
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    from pip._vendor.packaging.requirements import Requirement
+try:
+    installed = version("torch").split("+")[0]
+except PackageNotFoundError:
+    sys.exit(1)
+sys.exit(0 if Requirement(sys.argv[1]).specifier.contains(installed, prereleases=True) else 1)
+EOF
+}
+
+tm_setup_key() {  # pyproject.toml + Python version + installed torch version; sets tm_torch_version
+    tm_torch_version="$("$VENV_PY" -c 'from importlib.metadata import version; print(version("torch"))' 2>/dev/null || true)"
+    { cat "$TM_ROOT/pyproject.toml"; "$VENV_PY" -c 'import sys; print(sys.version)'; echo "$tm_torch_version"; } \
+        | sha256sum | cut -c1-32
+}
+
 tm_stamp="$VENV/.titan_morph-setup"
-tm_key="$( { cat "$TM_ROOT/pyproject.toml"; "$VENV_PY" -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-32)"
+tm_key="$(tm_setup_key)"
+tm_torch_version="$("$VENV_PY" -c 'from importlib.metadata import version; print(version("torch"))' 2>/dev/null || true)"
 if [ "$(cat "$tm_stamp" 2>/dev/null)" != "$tm_key" ]; then
-    echo "[setup] installing torch==2.13.0, then titan_morph[dev] into $VENV" >&2
-    "$VENV_PY" -m pip install --quiet "torch==2.13.0" \
-        && "$VENV_PY" -m pip install --quiet -e "$TM_ROOT[dev]" \
-        || { echo "[setup] installation failed" >&2; exit 1; }
+    if tm_torch_in_range; then
+        echo "[setup] keeping torch $tm_torch_version (in $tm_torch_range)" >&2
+    else
+        tm_spec="${TORCH_SPEC:-torch==2.13.0}"
+        [ -n "$tm_torch_version" ] && echo "[setup] torch $tm_torch_version is not in $tm_torch_range" >&2
+        if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+            echo "[setup] installing $tm_spec (CUDA machine) into $VENV" >&2
+            "$VENV_PY" -m pip install --quiet "$tm_spec" || { echo "[setup] torch installation failed" >&2; exit 1; }
+        else
+            echo "[setup] installing $tm_spec, CPU build (no CUDA found) into $VENV" >&2
+            "$VENV_PY" -m pip install --quiet --no-index --no-deps "$tm_spec" 2>/dev/null \
+                || "$VENV_PY" -m pip install --quiet --index-url "${TORCH_CPU_INDEX_URL:-https://download.pytorch.org/whl/cpu}" "$tm_spec" \
+                || { echo "[setup] torch installation failed" >&2; exit 1; }
+        fi
+        tm_key="$(tm_setup_key)"
+    fi
+    echo "[setup] installing titan_morph[dev] into $VENV" >&2
+    "$VENV_PY" -m pip install --quiet -e "$TM_ROOT[dev]" || { echo "[setup] installation failed" >&2; exit 1; }
     echo "$tm_key" > "$tm_stamp"
 fi
-unset tm_stamp tm_key
+unset tm_stamp tm_key tm_spec tm_torch_range tm_torch_version
+unset -f tm_torch_in_range tm_setup_key

@@ -7,8 +7,13 @@ TorchTitan's own trainer (``torchtitan.train.main``) with titan_morph's registra
    line nor the TOML names one, so the ``[morph]`` section always exists;
 3. unknown ``[morph]`` keys in the TOML are rejected with the list of allowed ones;
 4. the dataset ``morph_text`` and the TrainSpec ``llama3_morph`` are registered;
-5. the trainer validates ``[morph]`` before initialising anything, expands ``{run_id}`` in
-   ``[job] dump_folder`` (one folder per run) and writes the resolved config into that folder.
+5. the trainer runs the launcher's checks (:func:`titan_morph.launch.validate`) before
+   initialising anything, expands ``{run_id}`` in ``[job] dump_folder`` (one folder per run) and
+   writes the resolved config into that folder;
+6. under torchrun, each rank asks to be sent SIGTERM when torchrun exits, so no rank outlives it.
+
+``./run_train.sh`` runs the same checks before starting torchrun (``titan_morph.launch``); they
+run here again for users who call torchrun directly.
 """
 
 import json
@@ -20,41 +25,24 @@ from pathlib import Path
 from typing import Any
 
 from titan_morph.integration.cpu import adapt_torchtitan_to_cpu
+from titan_morph.launch import CONFIG_MODULE
 
-CONFIG_MODULE = "titan_morph.integration.config"
+__all__ = ["CONFIG_MODULE", "main", "prepare_args", "run_id"]
+
 RUN_ID_PLACEHOLDER = "{run_id}"
 
 
-def _toml_path(argv: list[str]) -> str | None:
-    for i, arg in enumerate(argv):
-        key, _, value = arg.partition("=")
-        if key in ("--job.config_file", "--job.config-file"):
-            return value if value else (argv[i + 1] if i + 1 < len(argv) else None)
-    return None
-
-
-def _load_toml(path: str) -> dict[str, Any]:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
-    with open(path, "rb") as fh:
-        return tomllib.load(fh)
-
-
 def prepare_args(argv: list[str]) -> list[str]:
-    """Add the [morph] config module when missing and pre-check the TOML's [morph] keys."""
-    from titan_morph.integration.config import check_unknown_keys
+    """Add the [morph] config module when missing, pre-check the TOML's [morph] keys and spell
+    ``--morph.no-<flag>`` as ``--morph.<flag> false``."""
+    from titan_morph.integration.config import check_unknown_keys, expand_negated_flags
+    from titan_morph.launch import config_file_of, load_toml, with_config_module
 
-    toml_path = _toml_path(argv)
-    toml = _load_toml(toml_path) if toml_path else {}
-    named_on_cli = any(a.split("=")[0] in ("--job.custom_config_module", "--job.custom-config-module") for a in argv)
-    named_in_toml = bool(toml.get("job", {}).get("custom_config_module"))
-    if not named_on_cli and not named_in_toml:
-        argv = [*argv, "--job.custom_config_module", CONFIG_MODULE]
+    toml_path = config_file_of(argv)
+    toml = load_toml(toml_path) if toml_path else {}
     if "morph" in toml:
         check_unknown_keys(toml["morph"])
-    return argv
+    return with_config_module(expand_negated_flags(argv), toml)
 
 
 def run_id() -> str:
@@ -71,13 +59,13 @@ def _make_trainer_class():
     from torchtitan.tools.logging import logger
     from torchtitan.train import Trainer
 
-    from titan_morph.integration.config import validate_job_config
+    from titan_morph.launch import validate
 
     class MorphTrainer(Trainer):
         """TorchTitan's Trainer; validates [morph] first and makes the run folder self-describing."""
 
         def __init__(self, job_config: Any) -> None:
-            validate_job_config(job_config)
+            validate(job_config)
             job = job_config.job
             if RUN_ID_PLACEHOLDER in job.dump_folder:
                 job.dump_folder = job.dump_folder.replace(RUN_ID_PLACEHOLDER, run_id())
@@ -115,7 +103,10 @@ def _make_trainer_class():
 
 def main(argv: list[str] | None = None) -> None:
     from titan_morph.integration.config import MorphConfigError
+    from titan_morph.launch import LaunchError, die_with_parent
 
+    if "LOCAL_RANK" in os.environ:  # a torchrun rank: exit with the agent, whatever ends it
+        die_with_parent()
     args = list(sys.argv[1:] if argv is None else argv)
     adapt_torchtitan_to_cpu()
     try:
@@ -128,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
 
         register_all()
         torchtitan_main(_make_trainer_class())
-    except MorphConfigError as err:
+    except (MorphConfigError, LaunchError) as err:
         print(f"titan_morph: configuration error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
 

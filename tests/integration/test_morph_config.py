@@ -1,4 +1,4 @@
-"""[morph] section: TOML/CLI parsing through TorchTitan's ConfigManager and fail-fast validation."""
+"""[morph] section: typed fields, TOML/CLI parsing through TorchTitan's ConfigManager, validation."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from titan_morph.integration.config import (
     check_unknown_keys,
     link_model_from_config,
     parse_stage_times,
+    plan_delays,
+    stage_times,
     validate_morph,
 )
 from titan_morph.launch import world_size
@@ -30,71 +32,130 @@ def _parse(*args: str):
 
 def test_toml_and_cli_reach_nested_tables():
     cfg = _parse("--morph.inject.mode", "static", "--morph.inject.delays_ms", "0,0,60", "--morph.memory_budget", "6")
-    assert cfg.morph.inject == replace(Inject(), mode="static", delays_ms="0,0,60")
+    assert cfg.morph.inject == replace(Inject(), mode="static", delays_ms=[0.0, 0.0, 60.0])
     assert cfg.morph.memory_budget == 6
     assert cfg.morph.synthetic == Synthetic()
     validate_morph(cfg.morph, cfg.parallelism.pipeline_parallel_degree)
 
 
-def test_every_shipped_config_is_valid():
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("--morph.inject.delays_ms", "30"), {"inject.delays_ms": [30.0]}),
+        (("--morph.inject.delays_ms", "0,inf,0"), {"inject.delays_ms": [0.0, math.inf, 0.0]}),
+        (("--morph.stage_times_ms", "10,20,10;11,21,11"), {"stage_times_ms": [10.0, 20.0, 10.0, 11.0, 21.0, 11.0]}),
+        (("--morph.inject.links", "0,2"), {"inject.links": [0, 2]}),
+        (("--morph.monitor", "false", "--morph.adapt", "false"), {"monitor": False, "adapt": False}),
+        (("--morph.search", "--morph.synthetic.enabled", "true"), {"search": True, "synthetic.enabled": True}),
+        (("--morph.search", "yes", "--morph.adapt", "0"), {"search": True, "adapt": False}),
+        (("--morph.transport", "delegate"), {"transport": "delegate"}),
+    ],
+)
+def test_cli_lists_booleans_and_choices(args, expected):
+    morph = _parse(*args).morph
+    for key, value in expected.items():
+        obj = morph
+        for part in key.split("."):
+            obj = getattr(obj, part)
+        assert obj == value, (key, obj)
+
+
+def test_toml_lists_and_comma_strings_load_the_same(tmp_path):
+    """TOML lists, comma strings and single numbers give the same typed values."""
+    text = DEFAULT_CONFIG.read_text()
+    base = text[: text.index("\n[morph]\n") + 1]
+    as_lists = tmp_path / "lists.toml"
+    as_lists.write_text(
+        base + "[morph]\nstage_times_ms = [[10, 20, 10], [11, 21, 11], [10, 20, 10], [10, 20, 10]]\n"
+        'plan_delays_ms = [0, 0, 60]\n[morph.inject]\nmode = "static"\ndelays_ms = [0, 0, 60]\n'
+        "random_interval_ms = [50, 100]\n[morph.synthetic]\nfwd_ms = 12\n"
+    )
+    as_strings = tmp_path / "strings.toml"
+    as_strings.write_text(
+        base + '[morph]\nstage_times_ms = "10,20,10;11,21,11;10,20,10;10,20,10"\nplan_delays_ms = "0,0,60"\n'
+        '[morph.inject]\nmode = "static"\ndelays_ms = "0,0,60"\nrandom_interval_ms = "50,100"\n'
+        '[morph.synthetic]\nfwd_ms = "12"\n'
+    )
     from torchtitan.config import ConfigManager
 
-    for path in sorted((REPO / "train_configs").glob("*.toml")):
-        cfg = ConfigManager().parse_args(["--job.config_file", str(path)])
-        validate_morph(cfg.morph, cfg.parallelism.pipeline_parallel_degree)
+    a, b = (ConfigManager().parse_args(["--job.config_file", str(p)]).morph for p in (as_lists, as_strings))
+    assert a == b
+    assert a.inject.delays_ms == [0.0, 0.0, 60.0] and a.synthetic.fwd_ms == [12.0]
+    assert stage_times(a, 4) == ((10.0, 20.0, 10.0), (11.0, 21.0, 11.0), (10.0, 20.0, 10.0), (10.0, 20.0, 10.0))
+    assert plan_delays(a, 3) == (0.0, 0.0, 60.0)
+    validate_morph(a, 4, delay_limit_ms=12_500)
+
+
+def test_every_shipped_config_passes_the_launch_checks():
+    from titan_morph.launch import check
+
+    paths = sorted((REPO / "train_configs").glob("*.toml"))
+    assert len(paths) >= 4
+    for path in paths:
+        cfg = check(path)  # what ./run_train.sh runs before starting any rank
+        assert cfg.morph.inject.mode in ("none", "static", "random", "trace")
 
 
 BAD = [
-    ({"memory_budget": -1}, "morph.memory_budget", ">= the pipeline degree (4)"),
+    ({"memory_budget": -1}, "morph.memory_budget", "out of range: must be >= 0"),
     ({"memory_budget": 3}, "morph.memory_budget", ">= the pipeline degree (4)"),
-    ({"stage_times_ms": "1,2"}, "morph.stage_times_ms", '"F,B,W"'),
-    ({"stage_times_ms": "1,2,3;1,2,3"}, "morph.stage_times_ms", "4 triples"),
-    ({"stage_times_ms": "1,-2,3"}, "morph.stage_times_ms", ">= 0"),
-    ({"profile_steps": 0}, "morph.profile_steps", ">= 1"),
-    ({"search_budget_ms": 0.0}, "morph.search_budget_ms", "> 0"),
-    ({"transport": "rdma"}, "morph.transport", "default | delegate | auto"),
-    ({"link_queue_depth": 0}, "morph.link_queue_depth", ">= 1"),
-    ({"delegates_per_link": 0}, "morph.delegates_per_link", ">= 1"),
+    ({"stage_times_ms": "1,2"}, "morph.stage_times_ms", "needs 3 or 12 values"),
+    ({"stage_times_ms": "1,2,3;1,2,3"}, "morph.stage_times_ms", "needs 3 or 12 values"),
+    ({"stage_times_ms": "1,-2,3"}, "morph.stage_times_ms", "must be >= 0"),
+    ({"profile_steps": 0}, "morph.profile_steps", "must be >= 1"),
+    ({"search_budget_ms": 0.0}, "morph.search_budget_ms", "must be > 0"),
+    ({"transport": "rdma"}, "morph.transport", "'rdma' is not one of default, delegate, auto"),
+    ({"link_queue_depth": 0}, "morph.link_queue_depth", "must be >= 1"),
+    ({"delegates_per_link": 0}, "morph.delegates_per_link", "must be >= 1 and <= 64"),
+    ({"delegates_per_link": 65}, "morph.delegates_per_link", "must be >= 1 and <= 64"),
     ({"detect_consecutive": 0}, "morph.detect_consecutive", ">= 1"),
     ({"recover_consecutive": -3}, "morph.recover_consecutive", ">= 1"),
     ({"detect_margin": -0.5}, "morph.detect_margin", ">= 0"),
-    ({"recover_ratio": 0.0}, "morph.recover_ratio", "0 < recover_ratio <= 1"),
-    ({"recover_ratio": 1.5}, "morph.recover_ratio", "0 < recover_ratio <= 1"),
-    ({"detect_min_ms": -1.0}, "morph.detect_min_ms", "finite number of ms >= 0"),
-    ({"adapt_memory_budget": 2}, "morph.adapt_memory_budget", "0 (no cap) or >= the pipeline degree (4)"),
+    ({"recover_ratio": 0.0}, "morph.recover_ratio", "must be > 0 and <= 1"),
+    ({"recover_ratio": 1.5}, "morph.recover_ratio", "must be > 0 and <= 1"),
+    ({"detect_min_ms": -1.0}, "morph.detect_min_ms", ">= 0"),
+    ({"adapt_memory_budget": 2}, "morph.adapt_memory_budget", "0 or >= the pipeline degree (4)"),
     ({"monitor": False}, "morph.adapt", "needs morph.monitor = true"),
-    ({"memory_budget": "8"}, "morph.memory_budget", "must be of type int"),
-    ({"adapt": "yes"}, "morph.adapt", "must be of type bool"),
-    ({"plan_delays_ms": "0,x,0"}, "morph.plan_delays_ms", "not a number"),
-    ({"plan_delays_ms": "0,60"}, "morph.plan_delays_ms", "needs 3 values"),
+    ({"memory_budget": "8"}, "morph.memory_budget", "must be an integer"),
+    ({"memory_budget": 8.0}, "morph.memory_budget", "must be an integer"),
+    ({"adapt": "yes"}, "morph.adapt", "is not a boolean"),
+    ({"search_budget_ms": "fast"}, "morph.search_budget_ms", "must be a number"),
+    ({"plan_delays_ms": "0,x,0"}, "morph.plan_delays_ms", "'x' is not a number"),
+    ({"plan_delays_ms": "0,60"}, "morph.plan_delays_ms", "needs 1 or 3 values"),
     ({"plan_delays_ms": "0,-1,0"}, "morph.plan_delays_ms", ">= 0"),
     ({"plan_delays_ms": "0,inf,0"}, "morph.plan_delays_ms", "finite"),
+    ({"plan_delays_ms": [0, 20_000, 0]}, "morph.plan_delays_ms", "train_timeout_seconds"),
 ]
 
 BAD_INJECT = [
-    ({"mode": "sometimes"}, "morph.inject.mode", "none | static | random | trace"),
+    ({"mode": "sometimes"}, "morph.inject.mode", "is not one of none, static, random, trace"),
     ({"mode": "static"}, "morph.inject.delays_ms", "static mode needs"),
     ({"mode": "static", "delays_ms": "0,-5,0"}, "morph.inject.delays_ms", ">= 0"),
-    ({"delays_ms": "0,0"}, "morph.inject.delays_ms", "needs 3 values"),
+    ({"delays_ms": "0,0"}, "morph.inject.delays_ms", "needs 1 or 3 values"),
     ({"delays_ms": "0,x,0"}, "morph.inject.delays_ms", "not a number"),
-    ({"delays_ms": [0, 0, 60]}, "morph.inject.delays_ms", "quoted string"),
-    ({"direction": "up"}, "morph.inject.direction", "both | fwd | bwd"),
+    ({"delays_ms": 1e6}, "morph.inject.delays_ms", "<= 12500"),
+    ({"delays_ms": [0, 0, 1e6]}, "morph.inject.delays_ms", "train_timeout_seconds x 1000 / microbatches"),
+    ({"direction": "up"}, "morph.inject.direction", "is not one of both, fwd, bwd"),
     ({"start_step": 0}, "morph.inject.start_step", ">= 1"),
     ({"start_step": 5, "end_step": 3}, "morph.inject.end_step", ">= start_step (5)"),
     ({"links": "0,3"}, "morph.inject.links", "0..2"),
+    ({"links": [0, -1]}, "morph.inject.links", ">= 0"),
     ({"random_mean_ms": -1.0}, "morph.inject.random_mean_ms", ">= 0"),
-    ({"random_std_ms": math.nan}, "morph.inject.random_std_ms", ">= 0"),
-    ({"random_interval_ms": "200,100"}, "morph.inject.random_interval_ms", "0 < low <= high"),
-    ({"random_interval_ms": "100"}, "morph.inject.random_interval_ms", '"low,high"'),
+    ({"random_std_ms": math.nan}, "morph.inject.random_std_ms", "finite"),
+    ({"mode": "random", "random_mean_ms": 12_000.0, "random_std_ms": 500.0}, "morph.inject.random_std_ms", "mean + 3"),
+    ({"random_interval_ms": "200,100"}, "morph.inject.random_interval_ms", "low <= high"),
+    ({"random_interval_ms": "100"}, "morph.inject.random_interval_ms", "[low, high]"),
+    ({"random_interval_ms": [0, 100]}, "morph.inject.random_interval_ms", "must be > 0"),
     ({"mode": "trace"}, "morph.inject.trace_file", "needs a CSV path"),
     ({"mode": "trace", "trace_file": "/nonexistent.csv"}, "morph.inject.trace_file", "not found"),
 ]
 
 BAD_SYNTHETIC = [
-    ({"fwd_ms": "10,10"}, "morph.synthetic.fwd_ms", "4 values"),
+    ({"fwd_ms": "10,10"}, "morph.synthetic.fwd_ms", "needs 1 or 4 values"),
     ({"bwd_ms": "-1"}, "morph.synthetic.bwd_ms", ">= 0"),
-    ({"wgt_ms": "fast"}, "morph.synthetic.wgt_ms", "number of ms"),
-    ({"hidden": 0}, "morph.synthetic.hidden", "multiple of 16"),
+    ({"wgt_ms": "fast"}, "morph.synthetic.wgt_ms", "not a number"),
+    ({"wgt_ms": []}, "morph.synthetic.wgt_ms", "needs at least 1"),
+    ({"hidden": 0}, "morph.synthetic.hidden", ">= 16"),
     ({"hidden": 40}, "morph.synthetic.hidden", "multiple of 16"),
 ]
 
@@ -111,9 +172,9 @@ def _bad_cases():
 @pytest.mark.parametrize(("morph", "key", "allowed"), list(_bad_cases()))
 def test_bad_values_fail_with_key_and_allowed_values(morph, key, allowed):
     with pytest.raises(MorphConfigError) as err:
-        validate_morph(morph, pp_degree=4)
+        validate_morph(morph, pp_degree=4, delay_limit_ms=12_500)
     message = str(err.value)
-    assert key in message and allowed in message, message
+    assert message.startswith(key + ": ") and allowed in message, message
 
 
 def test_good_values_pass():
@@ -126,13 +187,15 @@ def test_good_values_pass():
         inject=Inject(mode="static", delays_ms="0,inf,60", direction="fwd", start_step=3, end_step=9),
         synthetic=Synthetic(enabled=True, fwd_ms="5,5,5,6"),
     )
-    validate_morph(good, 4)
+    validate_morph(good, 4, delay_limit_ms=12_500)
+    assert good.inject.delays_ms == [0.0, math.inf, 60.0] and good.synthetic.fwd_ms == [5.0, 5.0, 5.0, 6.0]
     validate_morph(Morph(inject=Inject(mode="random", random_mean_ms=30, random_std_ms=10, links="1")), 4)
+    validate_morph(Morph(delegates_per_link=64, inject=Inject(delays_ms=12_500)), 4, delay_limit_ms=12_500)
     validate_morph(Morph(inject=Inject(mode="trace", trace_file="table3")), 4)
 
 
 def test_unknown_keys_name_the_key_and_the_allowed_ones():
-    with pytest.raises(MorphConfigError, match=r"morph\.memory_budgett.*memory_budget"):
+    with pytest.raises(MorphConfigError, match=r"^morph\.memory_budgett: unknown key \(did you mean memory_budget\?\)"):
         check_unknown_keys({"memory_budgett": 4})
     with pytest.raises(MorphConfigError, match=r"morph\.inject\.delay_ms.*delays_ms"):
         check_unknown_keys({"inject": {"delay_ms": "0,1"}})
@@ -141,12 +204,31 @@ def test_unknown_keys_name_the_key_and_the_allowed_ones():
     check_unknown_keys({"transport": "auto", "inject": {"mode": "none"}, "synthetic": {"enabled": False}})
 
 
+def test_negated_boolean_flags_are_spelled_with_a_value():
+    from titan_morph.integration.config import expand_negated_flags
+    from titan_morph.train import prepare_args
+
+    argv = ["--morph.no-adapt", "--morph.synthetic.no_enabled", "--morph.no-such", "--compile.no-enable", "--x", "1"]
+    assert expand_negated_flags(argv) == [
+        "--morph.adapt",
+        "false",
+        "--morph.synthetic.enabled",
+        "false",
+        "--morph.no-such",
+        "--compile.no-enable",
+        "--x",
+        "1",
+    ]
+    morph = _parse(*prepare_args(["--job.config_file", str(DEFAULT_CONFIG), "--morph.no-adapt"])[2:]).morph
+    assert morph.adapt is False and morph.monitor is True
+
+
 def test_prepare_args_rejects_unknown_toml_key_and_adds_config_module(tmp_path):
     from titan_morph.train import CONFIG_MODULE, prepare_args
 
     bad = tmp_path / "bad.toml"
     bad.write_text('[morph]\ntransprot = "auto"\n')
-    with pytest.raises(MorphConfigError, match=r"unknown \[morph\] option morph\.transprot"):
+    with pytest.raises(MorphConfigError, match=r"morph\.transprot: unknown key"):
         prepare_args(["--job.config_file", str(bad)])
     plain = tmp_path / "plain.toml"
     plain.write_text("[training]\nsteps = 1\n")
@@ -155,8 +237,14 @@ def test_prepare_args_rejects_unknown_toml_key_and_adds_config_module(tmp_path):
 
 
 def test_typed_views():
-    assert parse_stage_times("", 4) is None
-    assert parse_stage_times("1,2,3", 2) == ((1.0, 2.0, 3.0), (1.0, 2.0, 3.0))
+    assert parse_stage_times("", 4) is None and parse_stage_times([], 4) is None
+    assert parse_stage_times("1,2,3", 2) == parse_stage_times([1, 2, 3], 2) == ((1.0, 2.0, 3.0), (1.0, 2.0, 3.0))
+    assert stage_times(Morph(), 4) is None  # unknown: profiled during the first profile_steps steps
+    assert stage_times(Morph(synthetic=Synthetic(enabled=True, fwd_ms=[5, 6], bwd_ms=7)), 2) == (
+        (5.0, 7.0, 10.0),
+        (6.0, 7.0, 10.0),
+    )
+    assert plan_delays(Morph(), 3) is None and plan_delays(Morph(plan_delays_ms=[20]), 3) == (20.0, 20.0, 20.0)
     model = link_model_from_config(Inject(mode="static", delays_ms="0,50", direction="fwd", start_step=2), 2)
     assert model is not None
     assert model.delay_ms(1, "fwd", step=2) == 50.0
@@ -199,6 +287,14 @@ def test_trace_file_is_checked_against_the_pipeline(tmp_path):
     trace.write_text("when,link\n1,0\n")
     with pytest.raises(MorphConfigError, match=r"morph\.inject\.trace_file.*needs columns"):
         validate_morph(morph, 4)
+    trace.write_text("step,link,delay_ms\n3,2,40\n8,2\n")  # a short row
+    with pytest.raises(MorphConfigError, match=r"morph\.inject\.trace_file.*line 3 has 2 fields, the header has 3"):
+        validate_morph(morph, 4)
+    trace.write_text("step,link,delay_ms\n3,2,40\n8,2,inf\n")
+    validate_morph(morph, 4, delay_limit_ms=100.0)  # inf = link down: not a delay
+    trace.write_text("step,link,delay_ms\n3,2,400\n")
+    with pytest.raises(MorphConfigError, match=r"morph\.inject\.trace_file.*400 ms.*delay limit 100 ms"):
+        validate_morph(morph, 4, delay_limit_ms=100.0)
 
 
 def test_plan_delays_make_pipemorph_plan_for_them():

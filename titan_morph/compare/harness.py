@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from titan_morph.compare.configs import ComparisonError, pp_degree, resolve_job_config, world_size
-from titan_morph.compare.runner import Outcome, run_command, run_job
+from titan_morph.compare.runner import Outcome, Progress, run_command, run_job
 from titan_morph.compare.scenarios import Case, Scenario, expand, get_scenario
 from titan_morph.compare.variants import Variant
 
@@ -193,14 +193,14 @@ def run_comparison(plan: ComparisonPlan, command: str, echo: Callable[[str], Non
     path = plan.scenario_dir / COMPARISON_FILE
     _write_json(path, meta)
     started = time.monotonic()
-    total = len(plan.runs)
-    for i, run in enumerate(plan.runs, 1):
+    progress = Progress(len(plan.runs), echo)
+    for run in plan.runs:
         where = f"{plan.scenario.name}/{run.case.name}" if run.case.name else plan.scenario.name
-        echo(f"[{i}/{total}] {where} {run.variant.name}: {run.case.label}; {plan.steps} steps ...")
+        progress.start(f"{where} {run.variant.name}: {run.case.label}; {plan.steps} steps")
         outcome: Outcome = run_job(
             run.command, run.run_dir, variant=run.variant.name, case=run.case.name, timeout_s=plan.timeout_s
         )
-        echo(f"[{i}/{total}] {where} {run.variant.name}: {outcome.status()} ({outcome.seconds:.0f} s)")
+        progress.done(f"{where} {run.variant.name}", outcome.status())
     meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     meta["seconds"] = round(time.monotonic() - started, 1)
     meta["host_end"] = _host()

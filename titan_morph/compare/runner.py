@@ -16,12 +16,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 __all__ = [
     "Outcome",
+    "Progress",
     "run_command",
     "run_job",
     "run_checked",
@@ -80,6 +81,50 @@ class Outcome:
         if self.timed_out:
             return f"timed out at {where} after {self.seconds:.0f} s"
         return f"failed at {where}: {self.error or f'exit code {self.returncode}'}"
+
+
+def _duration(seconds: float) -> str:
+    """``42 s``, ``3m05s``, ``1h02m``."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class Progress:
+    """Progress lines for a sequence of ``total`` jobs: job i of n, time elapsed, and an estimate of
+    the time left (the mean duration of the jobs finished so far x the jobs still to run)."""
+
+    def __init__(
+        self, total: int, echo: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.total, self.echo, self.clock = total, echo, clock
+        self.started = clock()
+        self.finished = 0
+        self._job_started = self.started
+
+    def _elapsed(self) -> str:
+        return f"elapsed {_duration(self.clock() - self.started)}"
+
+    def _left(self) -> str:
+        if self.finished == 0:
+            return "estimate after the first job"
+        per_job = (self.clock() - self.started) / self.finished
+        return f"about {_duration(per_job * (self.total - self.finished))} left"
+
+    def start(self, what: str) -> None:
+        """Announce job ``finished + 1`` of ``total``."""
+        self._job_started = self.clock()
+        self.echo(f"[job {self.finished + 1}/{self.total}] {what} ... ({self._elapsed()}, {self._left()})")
+
+    def done(self, what: str, status: str = "ok") -> None:
+        """Report the job announced last as finished with ``status``."""
+        self.finished += 1
+        took = _duration(self.clock() - self._job_started)
+        left = "all done" if self.finished >= self.total else self._left()
+        self.echo(f"[job {self.finished}/{self.total}] {what}: {status} ({took}; {self._elapsed()}, {left})")
 
 
 def run_command(

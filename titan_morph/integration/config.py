@@ -5,18 +5,34 @@ Loaded through ``[job] custom_config_module = "titan_morph.integration.config"``
 ``[morph.inject]`` and ``[morph.synthetic]`` tables are read from the TOML file and
 ``--morph.key value`` / ``--morph.inject.key value`` override them on the command line.
 
-Every option is checked once at start-up by :func:`validate_morph`, which raises a single
-:class:`MorphConfigError` naming the key, the bad value and what is allowed.
+The field types say what is allowed, and one validator (:func:`validate_morph`) reads them:
 
-(No ``from __future__ import annotations`` here: TorchTitan's config merger inspects field types
-at runtime to recurse into the nested ``inject``/``synthetic`` tables.)
+* ``Literal[...]`` for choices (``transport``, ``inject.mode``, ``inject.direction``);
+* ``Annotated[int | float, Range(...)]`` for bounded numbers;
+* ``Annotated[list[float] | list[int], Range(...), Per(...)]`` for per-link / per-stage lists,
+  written as TOML lists (``[0, 0, 60]``), comma strings (``"0,0,60"``) or one number; on the
+  command line ``--morph.inject.delays_ms 0,0,60`` or ``--morph.inject.delays_ms 30``;
+* ``bool`` options take a value on the command line: ``--morph.monitor false`` (a bare
+  ``--morph.monitor`` means true).
+
+Lists are parsed by :func:`titan_morph.pipelining.values.parse_list` only. Errors are one
+:class:`MorphConfigError` whose message starts with the key, e.g.
+``morph.transport: 'bogus' is not one of default, delegate, auto``.
+
+(No ``from __future__ import annotations`` here: TorchTitan's config merger and tyro inspect the
+field types at runtime.)
 """
 
+import csv
+import difflib
 import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+import tyro.conf
+from tyro.constructors import PrimitiveConstructorSpec
 
 from titan_morph.pipelining.links import (
     DIRECTIONS,
@@ -24,18 +40,141 @@ from titan_morph.pipelining.links import (
     RandomDelays,
     StaticDelays,
     TraceDelays,
-    parse_delays,
     table3_trace,
 )
+from titan_morph.pipelining.values import parse_list
 
-TRANSPORTS = ("default", "delegate", "auto")
-INJECT_MODES = ("none", "static", "random", "trace")
-INJECT_DIRECTIONS = ("both", "fwd", "bwd")
+Transport = Literal["default", "delegate", "auto"]
+InjectMode = Literal["none", "static", "random", "trace"]
+InjectDirection = Literal["both", "fwd", "bwd"]
+TRANSPORTS: tuple[str, ...] = get_args(Transport)
+INJECT_MODES: tuple[str, ...] = get_args(InjectMode)
+INJECT_DIRECTIONS: tuple[str, ...] = get_args(InjectDirection)
 BUILTIN_TRACES = ("table3",)
+MAX_DELEGATES_PER_LINK = 64
+"""Delegate processes per link and direction the delegated transport accepts."""
+ONE_MICROBATCH_PER_STAGE = ("1F1B",)
+"""Schedules that need at least as many microbatches as stages (torch's Schedule1F1B refuses fewer)."""
 
 
 class MorphConfigError(ValueError):
-    """A ``[morph]`` option is invalid; the message names the key and the allowed values."""
+    """An option is invalid; the message starts with the key and says what is allowed."""
+
+
+# --------------------------------------------------------------------------------------------
+# Type metadata read by the validator and by tyro
+
+
+@dataclass(frozen=True)
+class Range:
+    """Allowed values of a number, or of every element of a list.
+
+    ``low <= v <= high`` (``low < v`` when ``low_open``); ``inf`` only when ``allow_inf``. ``delay``
+    marks a delay in ms, also bounded by the run's delay limit (:func:`delay_limit_ms`).
+    """
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    allow_inf: bool = False
+    delay: bool = False
+
+    def describe(self, limit: float | None = None) -> str:
+        high = self.high if limit is None else (limit if self.high is None else min(self.high, limit))
+        low = "" if self.low is None else f"{'>' if self.low_open else '>='} {self.low:g}"
+        top = "" if high is None else f"<= {high:g}"
+        text = " and ".join(p for p in (low, top) if p)
+        return text + (" (inf = link down)" if self.allow_inf else "")
+
+
+@dataclass(frozen=True)
+class Per:
+    """A list with ``width`` values per pipeline ``unit`` ("link": S-1 of them; "stage": S).
+
+    One group of ``width`` values stands for every link/stage. An empty list means "not set"
+    unless ``required``.
+    """
+
+    unit: Literal["link", "stage"]
+    width: int = 1
+    required: bool = False
+
+
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+def _bool_from_cli(args: list[str]) -> bool:
+    if not args:
+        return True
+    word = args[0].strip().lower()
+    if word in _TRUE or word in _FALSE:
+        return word in _TRUE
+    raise ValueError(f"{args[0]!r} is not a boolean: write true or false")
+
+
+_CLI_BOOL = PrimitiveConstructorSpec(
+    nargs=(0, 1),
+    metavar="[true|false]",
+    instance_from_str=_bool_from_cli,
+    is_instance=lambda value: isinstance(value, bool),
+    str_from_instance=lambda value: ["true" if value else "false"],
+)
+
+
+def _cli_list(kind: type) -> PrimitiveConstructorSpec:
+    """One command-line token, ``A,B,C`` (``;`` also separates), kept raw when it does not parse so
+    that :func:`validate_morph` reports it with the key."""
+    return PrimitiveConstructorSpec(
+        nargs=1,
+        metavar="A,B,..." if kind is float else "I,J,...",
+        instance_from_str=lambda args: _coerce_list(args[0], kind),
+        is_instance=lambda value: isinstance(value, (list, str)),
+        str_from_instance=lambda value: [",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)],
+    )
+
+
+Bool = Annotated[bool, tyro.conf.FlagConversionOff, _CLI_BOOL]
+FloatList = Annotated[list[float], _cli_list(float)]
+IntList = Annotated[list[int], _cli_list(int)]
+
+
+def _coerce_list(value: Any, kind: type) -> Any:
+    """A TOML list, a comma/semicolon string or a scalar as ``list[kind]``; nested lists are
+    flattened (``[[F, B, W], ...]``). Anything that does not parse is returned unchanged."""
+    if isinstance(value, str):
+        value = value.replace(";", ",")
+    elif isinstance(value, Sequence) and any(isinstance(v, (list, tuple)) for v in value):
+        value = [x for v in value for x in (v if isinstance(v, (list, tuple)) else (v,))]
+    try:
+        return list(parse_list(value, kind, name="value", allow_inf=True))
+    except ValueError:
+        return value
+
+
+def _unwrap(ftype: Any) -> tuple[Any, tuple[Any, ...]]:
+    """(base type, metadata) of ``Annotated[base, *metadata]`` (nested Annotated flattened)."""
+    meta: tuple[Any, ...] = ()
+    while get_origin(ftype) is Annotated:
+        args = get_args(ftype)
+        ftype, meta = args[0], meta + tuple(args[1:])
+    return ftype, meta
+
+
+def _coerce_fields(obj: Any) -> None:
+    """Turn list-typed fields given as strings or scalars (TOML, Python) into lists."""
+    for f in fields(obj):
+        base, _ = _unwrap(f.type)
+        if get_origin(base) is list:
+            setattr(obj, f.name, _coerce_list(getattr(obj, f.name), get_args(base)[0]))
+
+
+# --------------------------------------------------------------------------------------------
+# The [morph] tables
+
+DelayList = Annotated[FloatList, Range(0, allow_inf=True, delay=True), Per("link")]
+PlanDelayList = Annotated[FloatList, Range(0, delay=True), Per("link")]
+StageMsList = Annotated[FloatList, Range(0), Per("stage", required=True)]
 
 
 @dataclass
@@ -45,34 +184,34 @@ class Inject:
     Link ``i`` joins stage ``i`` and ``i+1``; a run with PP degree S has S-1 links.
     """
 
-    mode: str = "none"
+    mode: InjectMode = "none"
     """none | static (fixed ``delays_ms``) | random (§7.2: N(mean, std) re-drawn every
     U(interval) ms) | trace (replay ``trace_file``, e.g. the paper's Table 3)."""
 
-    delays_ms: str = ""
-    """static mode: per-link delay in ms, e.g. "0,0,60" (one value per link; a single value applies
-    to every link; "inf" takes a link down)."""
+    delays_ms: DelayList = field(default_factory=list)
+    """static mode: per-link delay in ms, e.g. [0, 0, 60] (one value per link; a single value
+    applies to every link; "inf" takes a link down). Bounded by the delay limit."""
 
-    direction: str = "both"
+    direction: InjectDirection = "both"
     """Which messages are delayed: both | fwd (activations i->i+1) | bwd (gradients i+1->i)."""
 
-    start_step: int = 1
+    start_step: Annotated[int, Range(1)] = 1
     """First training step (1-based) with injected delays."""
 
-    end_step: int = 0
+    end_step: Annotated[int, Range(0)] = 0
     """Last training step with injected delays (0 = until the end of training)."""
 
-    links: str = ""
-    """random mode: comma-separated link ids that straggle ("" = every link)."""
+    links: Annotated[IntList, Range(0)] = field(default_factory=list)
+    """random mode: ids of the links that straggle, e.g. [0, 2] ([] = every link)."""
 
-    random_mean_ms: float = 0.0
+    random_mean_ms: Annotated[float, Range(0, delay=True)] = 0.0
     """random mode: mean of the per-link delay in ms."""
 
-    random_std_ms: float = 0.0
+    random_std_ms: Annotated[float, Range(0, delay=True)] = 0.0
     """random mode: standard deviation of the per-link delay in ms (draws are clipped at 0)."""
 
-    random_interval_ms: str = "100,200"
-    """random mode: "low,high" ms; a link's delay is re-drawn after U(low, high) ms."""
+    random_interval_ms: Annotated[FloatList, Range(0, low_open=True)] = field(default_factory=lambda: [100.0, 200.0])
+    """random mode: [low, high] ms; a link's delay is re-drawn after U(low, high) ms."""
 
     seed: int = 0
     """random mode: seed; every rank (and the simulator) sees the same delays for a seed."""
@@ -80,6 +219,9 @@ class Inject:
     trace_file: str = ""
     """trace mode: CSV with columns step|time_ms, link, delay_ms[, direction]; or "table3" for the
     built-in (rescaled) Table 3 trace of the paper."""
+
+    def __post_init__(self) -> None:
+        _coerce_fields(self)
 
 
 @dataclass
@@ -90,21 +232,24 @@ class Synthetic:
     schedules can be studied with exact, controllable F/B/W costs.
     """
 
-    enabled: bool = False
+    enabled: Bool = False
     """Replace the model stages by synthetic ones."""
 
-    fwd_ms: str = "10"
-    """Forward time per microbatch in ms: one value for every stage, or one per stage "10,10,12,10"."""
+    fwd_ms: StageMsList = field(default_factory=lambda: [10.0])
+    """Forward time per microbatch in ms: one value for every stage, or one per stage [10, 10, 12, 10]."""
 
-    bwd_ms: str = "10"
+    bwd_ms: StageMsList = field(default_factory=lambda: [10.0])
     """Input-gradient backward (I / the paper's B) time per microbatch in ms (same format)."""
 
-    wgt_ms: str = "10"
+    wgt_ms: StageMsList = field(default_factory=lambda: [10.0])
     """Weight-gradient backward (W) time per microbatch in ms (same format)."""
 
-    hidden: int = 64
+    hidden: Annotated[int, Range(16)] = 64
     """Model width (float32 elements per token sent between stages) of the ``synthetic`` model
     flavor (``[model] flavor = "synthetic"``): a multiple of 16 (one attention head per 16)."""
+
+    def __post_init__(self) -> None:
+        _coerce_fields(self)
 
 
 @dataclass
@@ -112,81 +257,84 @@ class Morph:
     """``[morph]``: titan_morph's straggler-resilient pipeline options.
 
     The schedule itself is chosen by ``[parallelism] pipeline_parallel_schedule`` (e.g. "1F1B",
-    "GPipe", later "ZBH1", "ZBH2", "PipeMorph").
+    "GPipe", "ZBH1", "ZBH2", "Morph1F1B", "PipeMorph").
     """
 
-    memory_budget: int = 0
+    memory_budget: Annotated[int, Range(0)] = 0
     """Most microbatches whose activations a stage may hold at once (M_i, Alg. 1's x_max);
     0 = auto (the PP degree, i.e. 1F1B's footprint). Must be >= the PP degree; values above the
     number of microbatches are clipped to it."""
 
-    stage_times_ms: str = ""
-    """Per-stage compute times used for planning (Eq. 1, Alg. 2) as "F,B,W" in ms for every
-    stage, or "F,B,W;F,B,W;..." one triple per stage. "" = profile them during the first
-    ``profile_steps`` steps."""
+    stage_times_ms: Annotated[FloatList, Range(0), Per("stage", width=3)] = field(default_factory=list)
+    """Per-stage compute times used for planning (Eq. 1, Alg. 2): [F, B, W] in ms for every
+    stage, or 3 x S values, one triple per stage ([F0, B0, W0, F1, B1, W1, ...]; the string
+    "F,B,W;F,B,W;..." also works). [] = profile them during the first ``profile_steps`` steps."""
 
-    plan_delays_ms: str = ""
-    """Per-link delays in ms that PipeMorph plans for from the start, e.g. "0,0,60" (one value per
-    link, or one for all); "" = none: the initial plan is Alg. 1 and adaptation measures the delays
-    later. When set, the initial plan is Alg. 2 for these delays (+ the search when ``search``)."""
+    plan_delays_ms: PlanDelayList = field(default_factory=list)
+    """Per-link delays in ms that PipeMorph plans for from the start, e.g. [0, 0, 60] (one value per
+    link, or one for all; finite); [] = none: the initial plan is Alg. 1 and adaptation measures
+    the delays later. When set, the initial plan is Alg. 2 for these delays (+ the search when
+    ``search``)."""
 
-    profile_steps: int = 2
-    """Training steps to profile per-op compute times and link delays before planning (>= 1)."""
+    profile_steps: Annotated[int, Range(1)] = 2
+    """Training steps profiled (per-op compute times, link delays) before the first plan when
+    ``stage_times_ms`` is empty."""
 
-    search: bool = False
+    search: Bool = False
     """Refine the planned warm-up counts by a bounded search over nearby plans, evaluated with the
     simulator (PipeMorph schedule only)."""
 
-    search_budget_ms: float = 200.0
-    """Wall-clock budget of that search per re-plan, in ms (> 0)."""
+    search_budget_ms: Annotated[float, Range(0, low_open=True)] = 200.0
+    """Wall-clock budget of that search per re-plan, in ms."""
 
-    transport: str = "default"
+    transport: Transport = "default"
     """Pipeline send/recv path: default (torch.distributed P2P) | delegate (via host-side delegate
     processes, §5: never blocks the compute stream) | auto (default, switched to delegate on links
     detected as slow)."""
 
-    link_queue_depth: int = 2
+    link_queue_depth: Annotated[int, Range(1)] = 2
     """Default-transport model: messages in flight per link and direction before a sender blocks
-    (head-of-line blocking, §2.3). Used by the link emulator and the simulator (>= 1)."""
+    (head-of-line blocking, §2.3). Used by the link emulator and the simulator."""
 
-    delegates_per_link: int = 1
-    """Delegate processes per link and direction when the delegate transport is used (>= 1)."""
+    delegates_per_link: Annotated[int, Range(1, MAX_DELEGATES_PER_LINK)] = 1
+    """Delegate processes per link and direction when the delegate transport is used (1..64)."""
 
-    detect_consecutive: int = 3
-    """k: a link is declared slow after k consecutive steps above its Eq. 1 tolerance (>= 1)."""
+    detect_consecutive: Annotated[int, Range(1)] = 3
+    """k: a link is declared slow after k consecutive steps above its Eq. 1 tolerance."""
 
-    recover_consecutive: int = 5
-    """m: a slow link is declared healthy after m consecutive steps below the recovery threshold
-    (>= 1)."""
+    recover_consecutive: Annotated[int, Range(1)] = 5
+    """m: a slow link is declared healthy after m consecutive steps below the recovery threshold."""
 
-    detect_margin: float = 0.1
+    detect_margin: Annotated[float, Range(0)] = 0.1
     """A step counts as slow when a link's delay exceeds its Eq. 1 tolerance by this fraction
-    (>= 0; 0.1 = 10 % above)."""
+    (0.1 = 10 % above)."""
 
-    recover_ratio: float = 0.5
-    """A step counts as healthy when a slow link's delay is below this fraction of its tolerance
-    (0 < ratio <= 1)."""
+    recover_ratio: Annotated[float, Range(0, 1, low_open=True)] = 0.5
+    """A step counts as healthy when a slow link's delay is below this fraction of its tolerance."""
 
-    adapt: bool = True
+    adapt: Bool = True
     """Re-plan at step boundaries when links turn slow or recover (Alg. 2); false keeps the initial
     plan (Alg. 1) for the whole run."""
 
-    monitor: bool = True
+    monitor: Bool = True
     """Profile every step of titan_morph's schedules (PipeMorph, ZBH1, ZBH2, Morph1F1B): per-op
     compute times and per-link delivery delays, exchanged over a CPU group and written to
     TensorBoard (``morph/delay_ms/link<i>``...). Required by ``adapt``."""
 
-    detect_min_ms: float = 5.0
+    detect_min_ms: Annotated[float, Range(0)] = 5.0
     """Delays at or below this never count as slow, whatever the plan's tolerance (host and network
-    jitter; >= 0 ms)."""
+    jitter)."""
 
-    adapt_memory_budget: int = 0
+    adapt_memory_budget: Annotated[int, Range(0)] = 0
     """In-flight microbatch cap of adapted plans when slow links are delegated (``transport`` auto or
     delegate): 0 = none, the paper's §4.2 relaxation (activations may move to host memory). With
     the default transport adapted plans keep ``memory_budget``. Else >= the pipeline degree."""
 
     inject: Inject = field(default_factory=Inject)
     synthetic: Synthetic = field(default_factory=Synthetic)
+
+    def __post_init__(self) -> None:
+        _coerce_fields(self)
 
 
 @dataclass
@@ -196,248 +344,337 @@ class JobConfig:
     morph: Morph = field(default_factory=Morph)
 
 
+def _bool_fields(cls: type = Morph, prefix: str = "morph") -> set[str]:
+    """Dotted names of every boolean option below ``cls`` (``morph.adapt``, ``morph.synthetic.enabled``)."""
+    names = set()
+    for f in fields(cls):
+        base, _ = _unwrap(f.type)
+        if is_dataclass(base):
+            names |= _bool_fields(base, f"{prefix}.{f.name}")  # type: ignore[arg-type]
+        elif base is bool:
+            names.add(f"{prefix}.{f.name}")
+    return names
+
+
+def expand_negated_flags(argv: Sequence[str]) -> list[str]:
+    """``--morph.no-adapt`` (TorchTitan's spelling of a false boolean flag) -> ``--morph.adapt false``.
+
+    The ``[morph]`` booleans take a value on the command line; this keeps the ``--...no-<name>``
+    form working too. Other arguments are returned unchanged.
+    """
+    known = _bool_fields()
+    out: list[str] = []
+    for arg in argv:
+        head, _, name = arg[2:].rpartition(".") if arg.startswith("--morph.") else ("", "", "")
+        plain = name[3:] if name.startswith(("no-", "no_")) else ""
+        key = f"{head}.{plain.replace('-', '_')}"
+        out.extend([f"--{key}", "false"] if plain and key in known else [arg])
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # Validation
 
 
-def _fail(key: str, value: Any, allowed: str) -> MorphConfigError:
-    return MorphConfigError(f"invalid [morph] option {key} = {value!r}: {allowed}")
+def _fail(key: str, value: Any, problem: str) -> MorphConfigError:
+    return MorphConfigError(f"{key}: {value!r} {problem}")
 
 
 def check_unknown_keys(table: Mapping[str, Any], cls: type = Morph, prefix: str = "morph") -> None:
-    """Reject keys of a raw ``[morph]`` TOML table that :class:`Morph` does not define."""
+    """Reject keys of a raw TOML table that the dataclass ``cls`` does not define (recursively).
+
+    With ``cls`` = the whole job config class and ``prefix`` = "" it checks every section of a
+    TOML file.
+    """
     known = {f.name: f for f in fields(cls)}
+    where = f"[{prefix}]" if prefix else "the top level"
     for key, value in table.items():
+        name = f"{prefix}.{key}" if prefix else key
         if key not in known:
-            raise MorphConfigError(
-                f"unknown [morph] option {prefix}.{key}: allowed keys in [{prefix}] are {', '.join(sorted(known))}"
-            )
-        ftype = known[key].type
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise MorphConfigError(f"{name}: unknown key{hint}; allowed keys in {where} are {', '.join(sorted(known))}")
+        ftype, _ = _unwrap(known[key].type)
         if is_dataclass(ftype):
             if not isinstance(value, Mapping):
-                raise _fail(f"{prefix}.{key}", value, f"must be a table [{prefix}.{key}]")
-            check_unknown_keys(value, ftype, f"{prefix}.{key}")  # type: ignore[arg-type]
+                raise _fail(name, value, f"must be a table [{name}]")
+            check_unknown_keys(value, ftype, name)  # type: ignore[arg-type]
 
 
-def _expect_type(key: str, value: Any, typ: type) -> None:
-    if typ is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    elif typ is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, typ)
-    if not ok:
-        hint = ' (write lists as one quoted string, e.g. "0,0,60")' if isinstance(value, list) else ""
-        raise _fail(key, value, f"must be of type {typ.__name__}, got {type(value).__name__}{hint}")
+@dataclass(frozen=True)
+class _Layout:
+    """What the pipeline-dependent checks need: stages S (None = unknown) and the delay limit."""
+
+    stages: int | None = None
+    delay_limit_ms: float | None = None
+
+    def count(self, per: Per) -> int | None:
+        if self.stages is None:
+            return None
+        return self.stages - 1 if per.unit == "link" else self.stages
 
 
-def _check_types(obj: Any, prefix: str) -> None:
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        key = f"{prefix}.{f.name}"
-        if is_dataclass(f.type):
-            if not is_dataclass(value):
-                raise _fail(key, value, f"must be a table [{key}]")
-            _check_types(value, key)
-        elif f.type in (int, float, str, bool):
-            _expect_type(key, value, f.type)  # type: ignore[arg-type]
-
-
-def _choice(key: str, value: str, allowed: Sequence[str]) -> None:
-    if value not in allowed:
-        raise _fail(key, value, f"allowed values are {' | '.join(allowed)}")
-
-
-def _at_least(key: str, value: float, low: float, what: str = "") -> None:
-    if not (value >= low and math.isfinite(value)):
-        raise _fail(key, value, f"must be >= {low}{what}")
-
-
-def parse_per_stage(spec: str, stages: int | None, key: str) -> tuple[float, ...]:
-    """Parse "10" or "10,12,..." (one per stage) into finite non-negative ms values."""
+def _list_values(key: str, value: Any, kind: type, rng: Range, per: Per | None, layout: _Layout) -> tuple:
+    """Parse and check one list-typed option; returns its values (one group per link/stage when
+    ``per`` and the layout is known; a lone group is repeated)."""
+    limit = layout.delay_limit_ms if rng.delay else None
     try:
-        values = [float(p) for p in str(spec).split(",")]
-    except ValueError:
-        raise _fail(
-            key, spec, 'must be a number of ms or a comma-separated list, one per stage ("10,12,10,10")'
-        ) from None
-    for v in values:
-        if not (v >= 0 and math.isfinite(v)):
-            raise _fail(key, spec, "times must be finite and >= 0 ms")
-    if stages is not None:
-        if len(values) == 1:
-            values = values * stages
-        if len(values) != stages:
-            raise _fail(key, spec, f"needs 1 value or {stages} values (one per stage), got {len(values)}")
-    return tuple(values)
-
-
-def parse_stage_times(spec: str, stages: int | None) -> tuple[tuple[float, float, float], ...] | None:
-    """``stage_times_ms`` → one (F, B, W) triple per stage, or None when empty (= profile)."""
-    key = "morph.stage_times_ms"
-    if spec.strip() == "":
-        return None
-    triples = []
-    for part in spec.split(";"):
-        try:
-            triple = tuple(float(p) for p in part.split(","))
-        except ValueError:
-            triple = ()
-        if len(triple) != 3 or not all(v >= 0 and math.isfinite(v) for v in triple):
-            raise _fail(key, spec, 'expected "F,B,W" ms (finite, >= 0) for all stages or "F,B,W;F,B,W;..." per stage')
-        triples.append(triple)
-    if stages is not None:
-        if len(triples) == 1:
-            triples = triples * stages
-        if len(triples) != stages:
-            raise _fail(key, spec, f"needs 1 triple or {stages} triples (one per stage), got {len(triples)}")
-    return tuple(triples)  # type: ignore[return-value]
-
-
-def parse_plan_delays(spec: str, num_links: int | None) -> tuple[float, ...] | None:
-    """``plan_delays_ms`` → one finite delay per link, or None when empty (plan without delays)."""
-    key = "morph.plan_delays_ms"
-    if str(spec).strip() == "":
-        return None
-    n = num_links if num_links is not None else len(str(spec).split(","))
-    try:
-        delays = parse_delays(spec, n, key)
+        values = parse_list(_coerce_list(value, kind), kind, name=key, allow_inf=rng.allow_inf)
     except ValueError as err:
-        raise _fail(key, spec, f'{err} (e.g. "0,0,60": one value per link, or one for every link)') from None
-    if not all(math.isfinite(d) for d in delays):
-        raise _fail(key, spec, "planned delays must be finite ms (a link that is down cannot be planned around)")
-    return delays
+        raise MorphConfigError(str(err)) from None
+    high = limit if rng.high is None else (rng.high if limit is None else min(rng.high, limit))
+    for v in values:
+        below = rng.low is not None and (v <= rng.low if rng.low_open else v < rng.low)
+        above = high is not None and v > high and not (rng.allow_inf and math.isinf(v))
+        if below or above:
+            shown = value if isinstance(value, (int, float)) else v
+            reason = f"; {_limit_reason(limit)}" if above and limit is not None and high == limit else ""
+            raise _fail(key, shown, f"is out of range: must be {rng.describe(limit)}{reason}")
+    if per is None:
+        return values
+    if not values:
+        if per.required:
+            raise _fail(key, value, f"needs at least {per.width} value(s)")
+        return values
+    groups = layout.count(per)
+    what = f"one per {per.unit}" if per.width == 1 else f"one group of {per.width} per {per.unit}"
+    if groups is None:
+        if len(values) % per.width:
+            raise _fail(key, value, f"needs a multiple of {per.width} values ({what}), got {len(values)}")
+        return values
+    if len(values) == per.width:
+        return values * groups
+    if len(values) != per.width * groups:
+        raise _fail(
+            key,
+            value,
+            f"needs {per.width} or {per.width * groups} values ({what}, {groups} {per.unit}s), got {len(values)}",
+        )
+    return values
 
 
-def parse_interval(spec: str) -> tuple[float, float]:
-    """``random_interval_ms`` "low,high" → (low, high) with 0 < low <= high."""
-    key = "morph.inject.random_interval_ms"
-    try:
-        low, high = (float(p) for p in str(spec).split(","))
-    except ValueError:
-        raise _fail(key, spec, 'expected "low,high" in ms') from None
-    if not (0 < low <= high and math.isfinite(high)):
-        raise _fail(key, spec, "needs 0 < low <= high (finite ms)")
-    return low, high
+def _limit_reason(limit: float) -> str:
+    return (
+        f"the delay limit {limit:g} ms is [comm] train_timeout_seconds x 1000 / microbatches "
+        "(a step may wait out the delay once per microbatch)"
+    )
 
 
-def parse_links(spec: str, num_links: int | None) -> tuple[int, ...] | None:
-    """``inject.links`` "0,2" → (0, 2); "" → None (every link)."""
-    key = "morph.inject.links"
-    if str(spec).strip() == "":
-        return None
-    try:
-        links = tuple(int(p) for p in str(spec).split(","))
-    except ValueError:
-        raise _fail(key, spec, 'expected comma-separated link ids, e.g. "0,2"') from None
-    hi = None if num_links is None else num_links - 1
-    for link in links:
-        if link < 0 or (hi is not None and link > hi):
-            raise _fail(key, spec, f"link ids must be in 0..{hi}" if hi is not None else "link ids must be >= 0")
-    return links
+def _check_value(key: str, value: Any, ftype: Any, layout: _Layout) -> None:
+    """Check ``value`` against its field type (Literal, bool, int, float, str, list, dataclass)."""
+    base, meta = _unwrap(ftype)
+    rng = next((m for m in meta if isinstance(m, Range)), Range())
+    per = next((m for m in meta if isinstance(m, Per)), None)
+    if is_dataclass(base):
+        if not is_dataclass(value):
+            raise _fail(key, value, f"must be a table [{key}]")
+        for f in fields(value):
+            _check_value(f"{key}.{f.name}", getattr(value, f.name), f.type, layout)
+    elif get_origin(base) is Literal:
+        if value not in get_args(base):
+            raise _fail(key, value, f"is not one of {', '.join(get_args(base))}")
+    elif base is bool:
+        if not isinstance(value, bool):
+            raise _fail(key, value, "is not a boolean: write true or false (unquoted in TOML)")
+    elif base in (int, float):
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or (base is int and not isinstance(value, int)):
+            raise _fail(key, value, f"must be {'an integer' if base is int else 'a number'}")
+        _list_values(key, value, float, rng, None, layout)
+    elif base is str:
+        if not isinstance(value, str):
+            raise _fail(key, value, "must be a string")
+    elif get_origin(base) is list:
+        _list_values(key, value, get_args(base)[0], rng, per, layout)
+
+
+def _field_type(cls: type, name: str) -> Any:
+    return next(f.type for f in fields(cls) if f.name == name)
+
+
+def _values(obj: Any, name: str, layout: _Layout, key: str) -> tuple:
+    """The parsed values of list-typed field ``name`` of ``obj`` (checked against its type)."""
+    base, meta = _unwrap(_field_type(type(obj), name))
+    rng = next((m for m in meta if isinstance(m, Range)), Range())
+    per = next((m for m in meta if isinstance(m, Per)), None)
+    return _list_values(key, getattr(obj, name), get_args(base)[0], rng, per, layout)
 
 
 def _trace_path(spec: str) -> str:
     return spec if spec in BUILTIN_TRACES else os.path.expanduser(spec)
 
 
-def validate_morph(morph: Morph, pp_degree: int | None = None) -> None:
+def _short_row(path: str) -> str:
+    """Where a trace CSV has a row with fewer fields than its header ('' if none)."""
+    with open(path, newline="") as fh:
+        rows = list(csv.reader(fh))
+    header = len(rows[0]) if rows else 0
+    for line, row in enumerate(rows[1:], 2):
+        if row and len(row) < header:
+            return f"line {line} has {len(row)} fields, the header has {header}"
+    return ""
+
+
+def _check_trace(inj: Inject, links: int | None, limit: float | None) -> None:
+    key = "morph.inject.trace_file"
+    if not inj.trace_file:
+        raise _fail(key, inj.trace_file, f"is empty: trace mode needs a CSV path or one of {', '.join(BUILTIN_TRACES)}")
+    path = _trace_path(inj.trace_file)
+    if path in BUILTIN_TRACES:
+        return
+    if not os.path.isfile(path):
+        raise _fail(key, inj.trace_file, "file not found")
+    if links is None:
+        return
+    try:
+        trace = TraceDelays.from_csv(path, links)
+    except (ValueError, KeyError, TypeError) as err:
+        short = _short_row(path) if isinstance(err, TypeError) else ""
+        raise _fail(key, inj.trace_file, short or str(err)) from None
+    worst = max((e.delay_ms for e in trace.events if math.isfinite(e.delay_ms)), default=0.0)
+    if limit is not None and worst > limit:
+        raise _fail(key, inj.trace_file, f"has a delay of {worst:g} ms; {_limit_reason(limit)}")
+
+
+def validate_morph(morph: Morph, pp_degree: int | None = None, *, delay_limit_ms: float | None = None) -> None:
     """Check every ``[morph]`` option; raise one :class:`MorphConfigError` for the first bad one.
 
     ``pp_degree`` (stages S, links S-1) enables the checks that depend on the pipeline layout
-    (list lengths, link ids, memory budget); without it only layout-independent checks run.
+    (list lengths, link ids, memory budget); ``delay_limit_ms`` bounds every injected or planned
+    delay (see :func:`delay_limit_ms`). Without them only layout-independent checks run.
     """
-    _check_types(morph, "morph")
+    layout = _Layout(pp_degree, delay_limit_ms)
+    _check_value("morph", morph, Morph, layout)  # every field against its type
+    stages = pp_degree or 1
     links = None if pp_degree is None else max(pp_degree - 1, 0)
 
-    if morph.memory_budget != 0:
-        low = pp_degree if pp_degree is not None else 1
-        if morph.memory_budget < low:
+    for name in ("memory_budget", "adapt_memory_budget"):
+        value = getattr(morph, name)
+        if value != 0 and value < stages:
             raise _fail(
-                "morph.memory_budget",
-                morph.memory_budget,
-                f"must be 0 (auto) or >= the pipeline degree ({low}): every stage needs one in-flight "
+                f"morph.{name}",
+                value,
+                f"must be 0 or >= the pipeline degree ({stages}): every stage needs one in-flight "
                 "microbatch more than the next (Alg. 1)",
             )
-    parse_stage_times(morph.stage_times_ms, pp_degree)
-    parse_plan_delays(morph.plan_delays_ms, links)
-    _at_least("morph.profile_steps", morph.profile_steps, 1)
-    if not (morph.search_budget_ms > 0 and math.isfinite(morph.search_budget_ms)):
-        raise _fail("morph.search_budget_ms", morph.search_budget_ms, "must be a finite number of ms > 0")
-    _choice("morph.transport", morph.transport, TRANSPORTS)
-    _at_least("morph.link_queue_depth", morph.link_queue_depth, 1)
-    _at_least("morph.delegates_per_link", morph.delegates_per_link, 1)
-    _at_least("morph.detect_consecutive", morph.detect_consecutive, 1, " (steps)")
-    _at_least("morph.recover_consecutive", morph.recover_consecutive, 1, " (steps)")
-    _at_least("morph.detect_margin", morph.detect_margin, 0.0, " (a fraction of the tolerance)")
-    if not (0 < morph.recover_ratio <= 1):
-        raise _fail("morph.recover_ratio", morph.recover_ratio, "must satisfy 0 < recover_ratio <= 1")
-    if not (morph.detect_min_ms >= 0 and math.isfinite(morph.detect_min_ms)):
-        raise _fail("morph.detect_min_ms", morph.detect_min_ms, "must be a finite number of ms >= 0")
-    if morph.adapt_memory_budget != 0 and morph.adapt_memory_budget < (pp_degree or 1):
-        raise _fail(
-            "morph.adapt_memory_budget",
-            morph.adapt_memory_budget,
-            f"must be 0 (no cap) or >= the pipeline degree ({pp_degree or 1})",
-        )
     if morph.adapt and not morph.monitor:
         raise _fail("morph.adapt", morph.adapt, "needs morph.monitor = true (adaptation acts on the monitor's data)")
 
     inj = morph.inject
-    _choice("morph.inject.mode", inj.mode, INJECT_MODES)
-    _choice("morph.inject.direction", inj.direction, INJECT_DIRECTIONS)
-    _at_least("morph.inject.start_step", inj.start_step, 1, " (steps are 1-based)")
     if inj.end_step != 0 and inj.end_step < inj.start_step:
         raise _fail(
             "morph.inject.end_step", inj.end_step, f"must be 0 (never stop) or >= start_step ({inj.start_step})"
         )
-    if inj.delays_ms.strip() or inj.mode == "static":
-        try:
-            parse_delays(inj.delays_ms, links if links is not None else len(inj.delays_ms.split(",")), "delays_ms")
-        except ValueError as err:
-            raise _fail("morph.inject.delays_ms", inj.delays_ms, str(err)) from None
-    if inj.mode == "static" and not inj.delays_ms.strip():
-        raise _fail("morph.inject.delays_ms", inj.delays_ms, 'static mode needs per-link delays, e.g. "0,0,60"')
-    parse_links(inj.links, links)
-    _at_least("morph.inject.random_mean_ms", inj.random_mean_ms, 0.0, " ms")
-    _at_least("morph.inject.random_std_ms", inj.random_std_ms, 0.0, " ms")
-    parse_interval(inj.random_interval_ms)
+    if inj.mode == "static" and not _values(inj, "delays_ms", layout, "morph.inject.delays_ms"):
+        raise _fail(
+            "morph.inject.delays_ms", inj.delays_ms, "is empty: static mode needs per-link delays, e.g. [0, 0, 60]"
+        )
+    if links is not None and any(link >= links for link in _values(inj, "links", layout, "morph.inject.links")):
+        raise _fail("morph.inject.links", inj.links, f"has a link id out of range: link ids are 0..{links - 1}")
+    interval = _values(inj, "random_interval_ms", layout, "morph.inject.random_interval_ms")
+    if len(interval) != 2 or interval[0] > interval[1]:
+        raise _fail(
+            "morph.inject.random_interval_ms", inj.random_interval_ms, "must be [low, high] ms with low <= high"
+        )
+    spread = inj.random_mean_ms + 3 * inj.random_std_ms
+    if delay_limit_ms is not None and inj.mode == "random" and spread > delay_limit_ms:
+        raise _fail(
+            "morph.inject.random_std_ms",
+            inj.random_std_ms,
+            f"with random_mean_ms = {inj.random_mean_ms:g}: mean + 3 std = {spread:g} ms is out of range"
+            f"; {_limit_reason(delay_limit_ms)}",
+        )
     if inj.mode == "trace":
-        if not inj.trace_file:
-            raise _fail(
-                "morph.inject.trace_file", inj.trace_file, f"trace mode needs a CSV path or one of {BUILTIN_TRACES}"
-            )
-        path = _trace_path(inj.trace_file)
-        if path not in BUILTIN_TRACES:
-            if not os.path.isfile(path):
-                raise _fail("morph.inject.trace_file", inj.trace_file, "file not found")
-            if links is not None:
-                try:
-                    TraceDelays.from_csv(path, links)
-                except (ValueError, KeyError) as err:
-                    raise _fail("morph.inject.trace_file", inj.trace_file, str(err)) from None
+        _check_trace(inj, links, delay_limit_ms)
 
-    syn = morph.synthetic
-    for name in ("fwd_ms", "bwd_ms", "wgt_ms"):
-        parse_per_stage(getattr(syn, name), pp_degree, f"morph.synthetic.{name}")
-    if not isinstance(syn.hidden, int) or syn.hidden < 16 or syn.hidden % 16:
-        raise _fail("morph.synthetic.hidden", syn.hidden, "must be a multiple of 16, >= 16")
+    if morph.synthetic.hidden % 16:
+        raise _fail("morph.synthetic.hidden", morph.synthetic.hidden, "must be a multiple of 16")
+
+
+def microbatches(job_config: Any) -> int:
+    """N = ``[training] local_batch_size`` / ``[parallelism] pipeline_parallel_microbatch_size``."""
+    batch = job_config.training.local_batch_size
+    size = job_config.parallelism.pipeline_parallel_microbatch_size
+    if size < 1 or batch < 1 or batch % size:
+        raise _fail(
+            "parallelism.pipeline_parallel_microbatch_size",
+            size,
+            f"must be >= 1 and divide training.local_batch_size ({batch})",
+        )
+    return batch // size
+
+
+def delay_limit_ms(job_config: Any) -> float:
+    """Largest injected or planned delay per message: ``[comm] train_timeout_seconds`` x 1000 / N.
+
+    With head-of-line blocking every one of a step's N microbatches can wait out the delay on the
+    same link, and ranks waiting for that step in a collective must not hit the timeout.
+    """
+    return job_config.comm.train_timeout_seconds * 1000.0 / microbatches(job_config)
 
 
 def validate_job_config(job_config: Any) -> Morph:
-    """Validate ``job_config.morph`` against the job's PP degree."""
+    """Validate ``job_config.morph`` against the job's pipeline: PP degree, microbatches, timeout."""
     morph = getattr(job_config, "morph", None)
     if morph is None:
         raise MorphConfigError(
-            "the [morph] section is missing: set [job] custom_config_module = 'titan_morph.integration.config'"
+            "morph: the [morph] section is missing: set [job] custom_config_module = 'titan_morph.integration.config'"
         )
     par = job_config.parallelism
-    validate_morph(morph, par.pipeline_parallel_degree if par.pipeline_parallel_degree > 1 else None)
+    stages = par.pipeline_parallel_degree if par.pipeline_parallel_degree > 1 else None
+    n = microbatches(job_config)
+    validate_morph(morph, stages, delay_limit_ms=delay_limit_ms(job_config))
+    name = par.pipeline_parallel_schedule
+    if stages is not None and name.lower() in (s.lower() for s in ONE_MICROBATCH_PER_STAGE) and n < stages:
+        raise _fail(
+            "parallelism.pipeline_parallel_schedule",
+            name,
+            f"needs at least as many microbatches as stages ({stages}); training.local_batch_size / "
+            f"pipeline_parallel_microbatch_size gives {n}",
+        )
     return morph
 
 
 # --------------------------------------------------------------------------------------------
-# Typed views used by the runtime
+# Typed views used by the runtime (pure functions of the config)
+
+
+def parse_per_stage(spec: Any, stages: int | None, key: str) -> tuple[float, ...]:
+    """One ms value per stage from a per-stage option (one value for all stages, or S values)."""
+    return _list_values(key, spec, float, Range(0), Per("stage", required=True), _Layout(stages))
+
+
+def parse_stage_times(spec: Any, stages: int | None) -> tuple[tuple[float, float, float], ...] | None:
+    """``stage_times_ms`` -> one (F, B, W) triple per stage, or None when empty (= profile)."""
+    values = _list_values("morph.stage_times_ms", spec, float, Range(0), Per("stage", width=3), _Layout(stages))
+    if not values:
+        return None
+    return tuple((values[i], values[i + 1], values[i + 2]) for i in range(0, len(values), 3))
+
+
+def parse_plan_delays(spec: Any, num_links: int | None) -> tuple[float, ...] | None:
+    """``plan_delays_ms`` -> one finite delay per link, or None when empty (plan without delays)."""
+    layout = _Layout(None if num_links is None else num_links + 1)
+    values = _list_values("morph.plan_delays_ms", spec, float, Range(0, delay=True), Per("link"), layout)
+    return values or None
+
+
+def stage_times(morph: Morph, stages: int) -> tuple[tuple[float, float, float], ...] | None:
+    """Per-stage (F, B, W) ms: ``stage_times_ms``, else the ``[morph.synthetic]`` times when the
+    testbed is on, else None (unknown: profiled at run time)."""
+    configured = parse_stage_times(morph.stage_times_ms, stages)
+    if configured is not None:
+        return configured
+    syn = morph.synthetic
+    if not syn.enabled:
+        return None
+    f, b, w = (parse_per_stage(getattr(syn, n), stages, f"morph.synthetic.{n}") for n in ("fwd_ms", "bwd_ms", "wgt_ms"))
+    return tuple(zip(f, b, w))
+
+
+def plan_delays(morph: Morph, num_links: int) -> tuple[float, ...] | None:
+    """The per-link delays PipeMorph plans for from the start, or None (Alg. 1 without delays)."""
+    return parse_plan_delays(morph.plan_delays_ms, num_links)
 
 
 @dataclass
@@ -467,22 +704,20 @@ def link_model_from_config(inject: Inject, num_links: int, steps: int = 200) -> 
 
     ``steps`` (the run's training steps) rescales the built-in Table 3 trace onto the run.
     """
+    layout = _Layout(num_links + 1)
     if inject.mode == "none":
         return None
     if inject.mode == "static":
-        inner: LinkModel = StaticDelays(parse_delays(inject.delays_ms, num_links, "morph.inject.delays_ms"))
+        inner: LinkModel = StaticDelays(_values(inject, "delays_ms", layout, "morph.inject.delays_ms"))
     elif inject.mode == "random":
+        low, high = _values(inject, "random_interval_ms", layout, "morph.inject.random_interval_ms")
+        chosen = _values(inject, "links", layout, "morph.inject.links")
         inner = RandomDelays(
-            num_links,
-            inject.random_mean_ms,
-            inject.random_std_ms,
-            parse_interval(inject.random_interval_ms),
-            inject.seed,
-            parse_links(inject.links, num_links),
+            num_links, inject.random_mean_ms, inject.random_std_ms, (low, high), inject.seed, chosen or None
         )
     elif inject.mode == "trace":
         path = _trace_path(inject.trace_file)
         inner = table3_trace(num_links + 1, steps) if path == "table3" else TraceDelays.from_csv(path, num_links)
     else:
-        raise _fail("morph.inject.mode", inject.mode, f"allowed values are {' | '.join(INJECT_MODES)}")
+        raise _fail("morph.inject.mode", inject.mode, f"is not one of {', '.join(INJECT_MODES)}")
     return _Windowed(inner, inject.start_step, inject.end_step, inject.direction)
