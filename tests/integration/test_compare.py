@@ -135,7 +135,7 @@ def test_every_scenario_and_variant_resolves() -> None:
         assert cfg.morph.transport == variant.transport and cfg.morph.adapt == variant.adapt
         assert cfg.morph.inject.start_step == 1, (name, case.name)
         if name.startswith("fig18"):
-            assert cfg.morph.inject.links == "" and cfg.morph.inject.random_mean_ms == 30.0
+            assert cfg.morph.inject.links == [] and cfg.morph.inject.random_mean_ms == 30.0
 
 
 def test_bad_override_is_one_clear_error() -> None:

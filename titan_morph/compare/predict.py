@@ -59,8 +59,7 @@ def _plan(
 
 def simulated_ms(job_config: Any, variant: Variant, skip: int) -> tuple[float | None, str]:
     """(median simulated step makespan over steps > ``skip``, note); (None, why) when unavailable."""
-    from titan_morph.integration.assembly import stage_times
-    from titan_morph.integration.config import link_model_from_config
+    from titan_morph.integration.config import link_model_from_config, stage_times
     from titan_morph.pipelining.links import LinkDownError, StaticDelays, parse_delays
     from titan_morph.pipelining.simulate import simulate
 

@@ -24,12 +24,7 @@ from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from titan_morph.comm.clock import CommonClock, sync_clock
 from titan_morph.comm.transport import TorchTransport, Transport
-from titan_morph.integration.config import (
-    link_model_from_config,
-    parse_per_stage,
-    parse_plan_delays,
-    parse_stage_times,
-)
+from titan_morph.integration.config import link_model_from_config, plan_delays, stage_times
 from titan_morph.monitor.adapt import AdaptPolicy, Monitor
 from titan_morph.monitor.detect import DetectRule
 from titan_morph.pipelining.builders import build
@@ -45,7 +40,6 @@ __all__ = [
     "make_transport",
     "morph_builder",
     "prepare_stage",
-    "stage_times",
     "torch_builder",
     "transport_depth",
 ]
@@ -72,20 +66,6 @@ class ScheduleRequest:
     """The merged JobConfig (``job_config.morph`` holds the [morph] options)."""
     parallel_dims: Any = None
     """TorchTitan's ParallelDims (``get_mesh("pp")``)."""
-
-
-def stage_times(morph: Any, stages: int) -> tuple[tuple[float, float, float], ...] | None:
-    """Per-stage (F, B, W) ms from ``stage_times_ms`` or the synthetic testbed; None if unknown."""
-    configured = parse_stage_times(morph.stage_times_ms, stages)
-    if configured is not None:
-        return configured
-    syn = morph.synthetic
-    if syn.enabled:
-        f = parse_per_stage(syn.fwd_ms, stages, "morph.synthetic.fwd_ms")
-        b = parse_per_stage(syn.bwd_ms, stages, "morph.synthetic.bwd_ms")
-        w = parse_per_stage(syn.wgt_ms, stages, "morph.synthetic.wgt_ms")
-        return tuple(zip(f, b, w))
-    return None
 
 
 def cost_model(
@@ -134,7 +114,7 @@ def initial_plan(
     model = cost_model(morph, stages, n_microbatches, memory=family == "pipemorph", times=times)
     if family != "pipemorph":
         return build(family, model)
-    delays = parse_plan_delays(morph.plan_delays_ms, stages - 1)
+    delays = plan_delays(morph, stages - 1)
     if delays is not None:
         model = model.with_delays(delays)
     if morph.search and delays is not None:  # without known delays Alg. 1's max-min slackness stands
@@ -225,7 +205,7 @@ def make_monitor(family: str, morph: Any, plan: Plan, stages: int, n_microbatche
     )
     known = stage_times(morph, stages)
     planner = None
-    if known is None and family == "pipemorph" and parse_plan_delays(morph.plan_delays_ms, stages - 1):
+    if known is None and family == "pipemorph" and plan_delays(morph, stages - 1):
 
         def planner(measured: CostModel) -> Plan:
             times = tuple(zip(measured.fwd, measured.bwd, measured.wgt))

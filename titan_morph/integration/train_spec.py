@@ -17,6 +17,7 @@ from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_
 from torchtitan.protocols.train_spec import TrainSpec, get_train_spec, register_train_spec
 from torchtitan.tools.logging import logger
 
+from titan_morph.integration.config import microbatches
 from titan_morph.integration.metrics import build_morph_metrics_processor
 from titan_morph.integration.schedules import ScheduleRequest, build_schedule, check_schedule_name
 
@@ -42,18 +43,6 @@ def stage_module_names(job_config: Any, num_stages: int, num_layers: int) -> lis
     return names
 
 
-def microbatch_count(job_config: Any) -> int:
-    """N = local_batch_size / pipeline_parallel_microbatch_size (must divide)."""
-    batch = job_config.training.local_batch_size
-    mb = job_config.parallelism.pipeline_parallel_microbatch_size
-    if mb < 1 or batch % mb:
-        raise ValueError(
-            f"[training] local_batch_size = {batch} must be a multiple of "
-            f"[parallelism] pipeline_parallel_microbatch_size = {mb} (>= 1)"
-        )
-    return batch // mb
-
-
 def pipeline_one_stage_per_rank(
     model: nn.Module,
     parallel_dims: Any,
@@ -76,7 +65,7 @@ def pipeline_one_stage_per_rank(
             "[parallelism] pipeline_parallel_schedule_csv is not supported by llama3_morph; choose the schedule "
             "with pipeline_parallel_schedule (or use model.name = 'llama3' for TorchTitan's CSV schedules)"
         )
-    n_microbatches = microbatch_count(job_config)
+    n_microbatches = microbatches(job_config)
     pp_mesh = parallel_dims.get_mesh("pp")
     num_stages = parallel_dims.pp
     names = stage_module_names(job_config, num_stages, model_args.n_layers)
