@@ -62,7 +62,8 @@ def _make_trainer_class():
     from titan_morph.launch import validate
 
     class MorphTrainer(Trainer):
-        """TorchTitan's Trainer; validates [morph] first and makes the run folder self-describing."""
+        """TorchTitan's Trainer; validates [morph] first, makes the run folder self-describing and
+        ends with the run's summary (step time before / during / after a straggler)."""
 
         def __init__(self, job_config: Any) -> None:
             validate(job_config)
@@ -76,6 +77,13 @@ def _make_trainer_class():
                 self.metrics_processor.schedule = self.pp_schedule  # its tensorboard_metrics(step)
             if int(os.environ.get("RANK", "0")) == 0:
                 self._write_run_info(job_config)
+
+        def train(self) -> None:
+            super().train()
+            from titan_morph.integration.assembly import run_summary
+
+            for line in run_summary(self.job_config, getattr(self, "pp_schedule", None)):
+                logger.info(f"titan_morph: {line}")
 
         @staticmethod
         def _write_run_info(job_config: Any) -> None:

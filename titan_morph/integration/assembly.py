@@ -30,6 +30,7 @@ from titan_morph.monitor.detect import DetectRule
 from titan_morph.pipelining.builders import build
 from titan_morph.pipelining.model import CostModel, Plan
 from titan_morph.runtime.schedule import MorphSchedule
+from titan_morph.runtime.summary import summary_lines
 from titan_morph.runtime.testbed import DeviceClock, StageTimes, pad_stage_compute
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "make_transport",
     "morph_builder",
     "prepare_stage",
+    "run_summary",
     "torch_builder",
     "transport_depth",
 ]
@@ -281,3 +283,27 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
 
     build_schedule.__doc__ = f"titan_morph's {family} plan in MorphSchedule (one stage per rank)."
     return build_schedule
+
+
+def run_summary(job_config: Any, schedule: Any) -> list[str]:
+    """The end-of-run summary lines of a titan_morph schedule's last stage (else none): step time
+    before / during / after the injected straggler (or the steps the monitor held a link slow), and
+    ZB-H2 simulated under the same delays with the configured stage times, or the measured ones."""
+    if not isinstance(schedule, MorphSchedule) or not schedule.is_last_stage or not schedule.history:
+        return []
+    morph, steps = job_config.morph, job_config.training.steps
+    stages = schedule.plan.model.stages
+    times = stage_times(morph, stages) or (schedule.monitor.times.times() if schedule.monitor is not None else None)
+    if times is None:
+        return []
+    inject = morph.inject
+    window = None if inject.mode == "none" else (inject.start_step, inject.end_step or steps)
+    return summary_lines(
+        list(schedule.history),
+        window=window,
+        model=cost_model(morph, stages, schedule.plan.model.microbatches, memory=False, times=times),
+        links=link_model_from_config(inject, stages - 1, steps=steps),
+        depth=morph.link_queue_depth,
+        decisions=len(schedule.monitor.changes) if schedule.monitor is not None else 0,
+        schedule=job_config.parallelism.pipeline_parallel_schedule,
+    )

@@ -27,6 +27,7 @@ __all__ = [
     "TimelineRenderer",
     "message_latencies",
     "pipeline_metrics",
+    "pipeline_ms",
     "plan_scalar",
     "predicted_ms",
     "record_metrics",
@@ -92,6 +93,14 @@ def message_latencies(profiles: Sequence[StepProfile]) -> dict[int, list[float]]
     return out
 
 
+def pipeline_ms(profiles: Sequence[StepProfile], num_stages: int) -> float | None:
+    """Stage 0's start to the latest end of any stage (None unless every stage reported)."""
+    if len(profiles) != num_stages or profiles[0].stage != 0:
+        return None
+    span = max(p.end_ms for p in profiles) - profiles[0].start_ms
+    return span if span > 0 else None
+
+
 def pipeline_metrics(profiles: Sequence[StepProfile], num_stages: int) -> dict[str, float]:
     """Figures over all stages of one step (the exchanged profiles, ms on the common clock).
 
@@ -104,11 +113,10 @@ def pipeline_metrics(profiles: Sequence[StepProfile], num_stages: int) -> dict[s
     for p in profiles:
         out[f"morph/stage{p.stage}/idle_ms"] = max(0.0, (p.end_ms - p.start_ms) - p.busy_ms)
         out[f"morph/stage{p.stage}/blocked_ms"] = p.blocked_ms
-    if len(profiles) == num_stages and profiles[0].stage == 0:
-        span = max(p.end_ms for p in profiles) - profiles[0].start_ms
-        if span > 0:
-            out["morph/pipeline_ms"] = span
-            out["morph/bubble_rate"] = max(0.0, 1.0 - sum(p.busy_ms for p in profiles) / (num_stages * span))
+    span = pipeline_ms(profiles, num_stages)
+    if span is not None:
+        out["morph/pipeline_ms"] = span
+        out["morph/bubble_rate"] = max(0.0, 1.0 - sum(p.busy_ms for p in profiles) / (num_stages * span))
     latencies = message_latencies(profiles)
     if latencies:
         out["morph/latency_ms"] = statistics.fmean(v for vs in latencies.values() for v in vs)

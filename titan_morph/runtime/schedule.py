@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -34,10 +35,12 @@ from titan_morph.runtime.exchange import PlanMismatchError, StepExchange, step_p
 from titan_morph.runtime.metrics import (
     TimelineRenderer,
     pipeline_metrics,
+    pipeline_ms,
     predicted_ms,
     record_metrics,
 )
 from titan_morph.runtime.records import StepRecord
+from titan_morph.runtime.summary import StepPoint
 from titan_morph.runtime.testbed import DeviceClock
 
 __all__ = ["MorphSchedule", "PlanMismatchError"]
@@ -127,6 +130,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self.records: list[StepRecord] = []
         self.max_records = 1000
         self.profiles: list[StepProfile] = []  # every stage's view of the last step (the exchange)
+        self.history: deque[StepPoint] = deque(maxlen=4096)  # the last steps, for the end-of-run summary
         self.monitor_ms = 0.0  # the exchange and the monitor's work after the last step
         self._steps = 0
         self._current: StepRecord | None = None
@@ -165,6 +169,11 @@ class MorphSchedule(_PipelineScheduleRuntime):
         if previous is not plan and previous.plan_id != plan.plan_id:
             self.plan_changes += 1
             logger.info("pipeline plan %s -> %s (x=%s)", previous.plan_id, plan.plan_id, list(plan.warmup))
+
+    @property
+    def is_last_stage(self) -> bool:
+        """Whether this rank runs the last stage (the one TorchTitan logs the loss from)."""
+        return self._is_last
 
     # ------------------------------------------------------------- figures
     def tensorboard_metrics(self, step: int) -> dict[str, float]:
@@ -273,6 +282,16 @@ class MorphSchedule(_PipelineScheduleRuntime):
             change = self.monitor.observe(record.step + 1, self.profiles, self.plan)
             if change is not None:
                 self._apply(change)
+        slow = self.monitor.detector.slow_links if self.monitor is not None else ()
+        self.history.append(
+            StepPoint(
+                record.step + 1,
+                pipeline_ms(self.profiles, self._num_stages),
+                slow,
+                tuple(sorted(self.transport.delegated())),
+                record.plan_id,
+            )
+        )
         self.monitor_ms = (t_sent - t0 + time.monotonic() - t_gathered) * 1e3 + exchange_ms
 
     def _apply(self, change: Change) -> None:

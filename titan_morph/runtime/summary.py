@@ -1,0 +1,108 @@
+"""The end-of-run summary: step time before, during and after a straggler, and what ZB-H2 would take.
+
+The schedule keeps one :class:`StepPoint` per step (the pipeline time from the per-step exchange and
+the monitor's view of the links). At the end of training the last stage logs a few lines: the
+median pipeline time before, during (and during once the adapted plan runs) and after the
+straggler, with, from the simulator, the time
+ZB-H2's fixed orders take under the same link delays on the blocking default transport -- the
+baseline PipeMorph's adaptation is measured against (paper §7.2).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from titan_morph.pipelining.builders import build
+from titan_morph.pipelining.links import LinkDownError, LinkModel
+from titan_morph.pipelining.model import CostModel
+from titan_morph.pipelining.simulate import simulate
+
+__all__ = ["StepPoint", "phases", "summary_lines", "zbh2_ms"]
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """One step as every rank saw it after the exchange (TorchTitan's 1-based step)."""
+
+    step: int
+    pipeline_ms: float | None
+    slow_links: tuple[int, ...]
+    delegated: tuple[int, ...]
+    plan_id: str
+
+
+def phases(points: Sequence[StepPoint], window: tuple[int, int] | None, skip: int = 1) -> dict[str, list[StepPoint]]:
+    """Steps before, during and after the straggler: the injection ``window`` (first, last step) when
+    one was injected, else the steps the monitor held a link slow. The first ``skip`` steps (warm-up:
+    first-use costs) are left out."""
+    kept = [p for p in points if p.step > skip and p.pipeline_ms is not None]
+    if window is not None:
+        first, last = window
+        during = [p for p in kept if first <= p.step <= last]
+    else:
+        during = [p for p in kept if p.slow_links]
+    if not during:
+        return {"before": kept, "during": [], "after": []}
+    start, end = during[0].step, during[-1].step
+    return {
+        "before": [p for p in kept if p.step < start],
+        "during": during,
+        "after": [p for p in kept if p.step > end],
+    }
+
+
+def zbh2_ms(model: CostModel, links: LinkModel | None, depth: int | None, steps: Sequence[int]) -> float | None:
+    """Median simulated makespan of ZB-H2's orders (planned without delays, as ZB-H2 is) under
+    ``links`` at ``steps``, with the default transport's queue ``depth`` (None when a link is down)."""
+    if not steps:
+        return None
+    plan = build("zb-h2", model.with_delays((0.0,) * (model.stages - 1)))
+    try:
+        times = [simulate(plan.model, plan.orders, links=links, depth=depth, step=s).makespan for s in steps]
+    except LinkDownError:
+        return None
+    return statistics.median(times)
+
+
+def _median(points: Sequence[StepPoint]) -> float | None:
+    values = [p.pipeline_ms for p in points if p.pipeline_ms is not None]
+    return statistics.median(values) if values else None
+
+
+def summary_lines(
+    points: Sequence[StepPoint],
+    *,
+    window: tuple[int, int] | None,
+    model: CostModel,
+    links: LinkModel | None,
+    depth: int | None,
+    decisions: int,
+    schedule: str,
+) -> list[str]:
+    """The summary's lines (see the module docstring) for the run of ``schedule``; ``model`` holds
+    the stage times to simulate ZB-H2 with (configured, or the ones the monitor measured)."""
+    parts = phases(points, window)
+    if not parts["during"]:
+        median = _median(parts["before"])
+        text = "n/a" if median is None else f"{median:.0f} ms"
+        return [f"run summary: no straggler; median pipeline time {text} over {len(parts['before'])} steps"]
+    lines = ["run summary (median pipeline time per step; ZB-H2 from the simulator, same delays):"]
+    during = parts["during"]
+    parts["adapted"] = [p for p in during if p.plan_id != during[0].plan_id]  # once the new plan runs
+    for name in ("before", "during", "adapted", "after"):
+        pts = parts[name]
+        if not pts:
+            continue
+        mine = _median(pts)
+        theirs = zbh2_ms(model, links, depth, [p.step for p in pts])
+        first, last = pts[0].step, pts[-1].step
+        line = f"  {name:<7} steps {first:>3}-{last:<3}  {schedule} {mine:7.0f} ms"
+        if theirs is not None and mine:
+            line += f"   ZB-H2 {theirs:7.0f} ms ({theirs / mine:.2f}x)"
+        if name == "adapted":
+            line += f"   delegated links {sorted({link for p in pts for link in p.delegated}) or 'none'}"
+        lines.append(line)
+    lines.append(f"  plan changes made by the monitor: {decisions}")
+    return lines
