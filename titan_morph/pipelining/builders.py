@@ -8,7 +8,10 @@ Every builder reduces to warm-up counts x_i plus the Alg. 3/4 generator (GPipe i
 * ``zb-h1``    ZeroBubble-H1: x_i = S − i (1F1B memory), ``W`` deferred by the I > F > W policy.
 * ``zb-h2``    ZeroBubble-H2: x_i = 2(S − i) − 1 — the paper's Fig. 4 (S=4, N=12: 390 ms).
 * ``pipemorph`` Alg. 1 (no delay known) or Alg. 2 (``model.delays`` non-zero) + Alg. 3/4; with
-  ``search=True`` the search module (``titan_morph.pipelining.search``, imported lazily) improves it.
+  ``search=True`` the search (:mod:`search`; with ``samples=``, :mod:`robust`) improves it.
+
+Names are spelled one way here (:data:`SCHEDULES`); :func:`schedule_key` maps every accepted
+spelling ("ZBH2", "zb-h2", "ZB_H2", the TOML names "PipeMorph", "Morph1F1B"...) onto them.
 
 x_i is capped at N everywhere; a warm-up that needs more than M_i microbatches in flight raises
 ``ValueError`` naming the stage, the need and M_i (paper §4.2: memory bounds the warm-up).
@@ -16,7 +19,6 @@ x_i is capped at N everywhere; a warm-up that needs more than M_i microbatches i
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,9 +26,37 @@ from titan_morph.pipelining.generate import check_warmup, generate
 from titan_morph.pipelining.model import CostModel, Op, Order, Plan
 from titan_morph.pipelining.slackness import adapted_warmup, initial_warmup
 
-__all__ = ["SCHEDULES", "build", "warmup_for", "split_fused"]
+__all__ = ["SCHEDULES", "build", "schedule_key", "warmup_for", "split_fused"]
 
 SCHEDULES = ("1f1b", "1f1b-iw", "gpipe", "zb-h1", "zb-h2", "pipemorph")
+
+_SPELLINGS = {
+    "1f1b": "1f1b",
+    "1f1biw": "1f1b-iw",
+    "morph1f1b": "1f1b-iw",  # the TOML name of 1F1B with split backward
+    "gpipe": "gpipe",
+    "zbh1": "zb-h1",
+    "zbh2": "zb-h2",
+    "pipemorph": "pipemorph",
+}
+
+
+def schedule_key(name: str) -> str:
+    """The builder name (one of :data:`SCHEDULES`) for any accepted spelling of a schedule.
+
+    Case, ``-``, ``_`` and spaces are ignored: "ZBH2", "zb-h2" and "ZB_H2" are all ``zb-h2``;
+    "PipeMorph" is ``pipemorph``; "Morph1F1B" and "1F1B-IW" are ``1f1b-iw``; "1F1B" and "GPipe" as
+    written. Anything else raises ``ValueError`` listing the allowed names.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"schedule name must be a string, got {type(name).__name__}")
+    key = _SPELLINGS.get("".join(ch for ch in name.lower() if ch not in "-_ "))
+    if key is None:
+        raise ValueError(
+            f"unknown schedule {name!r}: choose one of {', '.join(SCHEDULES)}"
+            " (case, '-' and '_' are ignored; Morph1F1B = 1f1b-iw)"
+        )
+    return key
 
 
 def _check_memory(schedule: str, model: CostModel, warmup: Sequence[int]) -> None:
@@ -41,20 +71,19 @@ def _check_memory(schedule: str, model: CostModel, warmup: Sequence[int]) -> Non
 
 
 def warmup_for(schedule: str, model: CostModel) -> tuple[int, ...]:
-    """x_i a named schedule uses on ``model`` (capped at N)."""
+    """x_i a named schedule (any spelling :func:`schedule_key` accepts) uses on ``model`` (capped at N)."""
+    schedule = schedule_key(schedule)
     s_count, n = model.stages, model.microbatches
     if schedule in ("1f1b", "1f1b-iw", "zb-h1"):
         return tuple(min(n, s_count - i) for i in range(s_count))
     if schedule == "zb-h2":
         return tuple(min(n, 2 * (s_count - i) - 1) for i in range(s_count))
-    if schedule == "gpipe":
-        return (n,) * s_count
     if schedule == "pipemorph":
         if any(c > 0 for c in model.delays):
             return adapted_warmup(model)
         memory = model.memory if model.memory is not None else n
         return initial_warmup(s_count, n, memory)
-    raise ValueError(f"unknown schedule {schedule!r}: choose one of {', '.join(SCHEDULES)}")
+    return (n,) * s_count  # gpipe
 
 
 def split_fused(orders: Sequence[Sequence[Op]]) -> tuple[Order, ...]:
@@ -78,28 +107,30 @@ def _gpipe(model: CostModel) -> tuple[Order, ...]:
 
 
 def build(schedule: str, model: CostModel, **kw: Any) -> Plan:
-    """Build the named schedule for ``model``.
+    """Build the named schedule (any spelling :func:`schedule_key` accepts) for ``model``.
 
-    Keyword options: ``search`` (pipemorph only: run ``search.search`` on top; extra keywords go to
-    it), ``delta`` (δ-quantised generation), ``links`` (a :class:`links.LinkModel` the generator
-    plans against instead of ``model.delays``), ``warmup`` (override x_i; pipemorph only),
-    ``refill`` (generator option: keep stages x_i forwards ahead in the steady phase, see
-    :mod:`generate`; default False = the paper's I > F > W).
+    Keyword options: ``search`` (pipemorph only: run :func:`search.search` on top; ``iterations``,
+    ``time_budget_ms``, ``links``, ``depth`` and ``seeds`` go to it; with ``samples`` (per-link delay
+    vectors) :func:`robust.robust_plan` plans for them instead), ``delta`` (δ-quantised
+    generation), ``links`` (a :class:`links.LinkModel` the generator plans against instead of
+    ``model.delays``), ``warmup`` (override x_i; pipemorph only), ``refill`` (generator option:
+    keep stages x_i forwards ahead in the steady phase, see :mod:`generate`; default False = the
+    paper's I > F > W).
     """
-    name = schedule.strip().lower()
-    if name not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}: choose one of {', '.join(SCHEDULES)}")
+    name = schedule_key(schedule)
     search = bool(kw.pop("search", False))
     if search and name != "pipemorph":
         raise ValueError(f"search=True is only meaningful for 'pipemorph', not {schedule!r}")
     if search:
-        try:
-            search_mod = importlib.import_module("titan_morph.pipelining.search")
-        except ModuleNotFoundError as exc:
-            if exc.name != "titan_morph.pipelining.search":
-                raise
-            raise ValueError("search=True needs titan_morph.pipelining.search, which is not installed") from None
-        return search_mod.search(model, **kw)
+        if kw.get("samples") is not None:
+            from titan_morph.pipelining.robust import robust_plan
+
+            samples = kw.pop("samples")
+            return robust_plan(model, samples, **kw)
+        kw.pop("samples", None)
+        from titan_morph.pipelining.search import search as run_search
+
+        return run_search(model, **kw)
     delta = kw.pop("delta", None)
     refill = bool(kw.pop("refill", False))
     links = kw.pop("links", None)
