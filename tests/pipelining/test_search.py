@@ -16,9 +16,8 @@ from titan_morph.pipelining.instances import instance_set, planner_set, random_i
 from titan_morph.pipelining.links import StaticDelays
 from titan_morph.pipelining.model import CostModel, in_flight_peak, validate_orders
 from titan_morph.pipelining.search import default_iterations, search, search_detailed
-from titan_morph.pipelining.simulate import time_codes, to_codes
 from titan_morph.pipelining.simulate import makespan as sim_makespan
-from titan_morph.pipelining.simulate import simulate
+from titan_morph.pipelining.simulate import simulate, time_codes, to_codes
 
 INSTANCES = instance_set(2024, 16, s_range=(2, 6), n_mult=(1, 3), memory="mixed")
 BASELINES = ("1f1b", "1f1b-iw", "zb-h1", "zb-h2", "gpipe")

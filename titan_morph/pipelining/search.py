@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 from .generate import REFILL, WAIT_F, WAIT_W, WAIT_W_FOR_F, run_generator
 from .links import LinkModel, StaticDelays
-from .model import CostModel, Plan, validate_orders, warmup_count
+from .model import CostModel, Op, Plan, validate_orders, warmup_count
 from .simulate import OP_F, OP_I, OP_W, Code, Timeline, from_codes, time_codes, to_codes
 
 __all__ = ["Knobs", "SearchResult", "search", "search_detailed", "default_iterations", "WORK_PER_DEFAULT_SEARCH"]
@@ -751,12 +751,14 @@ def search_detailed(
     seeds: Sequence[Sequence[int]] | None = None,
     scenarios: Sequence[Sequence[float]] | None = None,
     plan_vectors: Sequence[Sequence[float]] | None = None,
+    extra_orders: Sequence[tuple[str, Sequence[Sequence[Op]]]] | None = None,
 ) -> SearchResult:
     """:func:`search` with the score, the knobs, the per-seed scores and the iterations run.
 
     ``scenarios``: static per-link delay vectors; the score is then the mean makespan over them
     (non-blocking links; :mod:`robust`). ``plan_vectors``: the delay vectors the generator may plan
-    against (default: ``model.delays`` only).
+    against (default: ``model.delays`` only). ``extra_orders``: named fixed orders (split backward,
+    within the memory budget) evaluated as seeds.
     """
     if iterations is not None and (isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 0):
         raise ValueError(f"iterations must be an integer >= 0 (or None for the size-based default), got {iterations!r}")
@@ -773,7 +775,11 @@ def search_detailed(
     state = _State(objective)
 
     seed_scores: dict[str, float] = {}
-    for name, codes in _baseline_seeds(objective):
+    extra: list[tuple[str, list[list[Code]]]] = []
+    for name, orders in extra_orders or ():
+        validate_orders(model, orders)
+        extra.append((name, to_codes(orders)))
+    for name, codes in _baseline_seeds(objective) + extra:
         score = objective.orders(codes)
         seed_scores[name] = score[0]
         state.offer(score, codes, None, name)
