@@ -45,6 +45,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 from titan_morph.pipelining.links import LinkDownError, LinkModel, LinkQueue
 from titan_morph.pipelining.model import CostModel, Op, Order
@@ -129,26 +130,24 @@ def generate(
     *,
     limit: Sequence[int] | None = None,
     policy: int | Sequence[int] = 0,
-    split_backward: bool = True,
-    delta: float | None = None,
-    links: LinkModel | None = None,
-    t0: float = 0.0,
-    step: int = 0,
     refill: bool = False,
+    **options: Any,
 ) -> tuple[Order, ...]:
     """Per-stage operation orders by Alg. 3/4 (event-driven; δ-quantised when ``delta`` is set).
 
-    ``warmup`` = x_i, ``limit`` = in-flight cap per stage (default x_i), ``split_backward=False``
-    emits fused ``B`` ops (1F1B-style) instead of ``I``/``W``. Delays come from ``model.delays``
-    unless ``links`` is given (looked up at ``t0 + t`` and ``step``). ``policy``: bits
+    ``warmup`` = x_i, ``limit`` = in-flight cap per stage (default x_i). ``policy``: bits
     :data:`WAIT_W`, :data:`WAIT_F`, :data:`WAIT_W_FOR_F`, :data:`REFILL` (module docstring), one
     value for every stage or one per stage; ``refill=True`` adds :data:`REFILL` everywhere.
+    ``options`` are :func:`run_generator`'s: ``split_backward=False`` emits fused ``B`` ops
+    (1F1B-style) instead of ``I``/``W``; ``delta`` quantises decision times; delays come from
+    ``model.delays`` unless ``links`` is given (looked up at ``t0 + t`` and ``step``).
     """
     x = check_warmup(model, warmup)
     lim = check_limit(model, x, limit)
     pol = check_policy(model, policy)
     if refill:
         pol = tuple(p | REFILL for p in pol)
+    delta, links = options.get("delta"), options.get("links")
     if delta is not None and not (delta > 0 and math.isfinite(delta)):
         raise ValueError(f"delta must be a finite time step > 0 ms (or None for exact), got {delta}")
     if links is not None and links.num_links != model.stages - 1:
@@ -157,12 +156,10 @@ def generate(
         for link, c in enumerate(model.delays):
             if math.isinf(c):
                 raise LinkDownError(link, "fwd", " (cannot plan across a link that is down)")
-    span, codes = run_generator(
-        model, x, lim, pol, split_backward=split_backward, delta=delta, links=links, t0=t0, step=step
-    )
+    span, codes = run_generator(model, x, lim, pol, **options)
     if codes is None:  # cannot happen for valid x and limits; kept as a clear internal check
         raise RuntimeError(f"schedule generation stalled with warmup={list(x)} limit={list(lim)} policy={list(pol)}")
-    kinds = ("F", "I" if split_backward else "B", "W")
+    kinds = ("F", "I" if options.get("split_backward", True) else "B", "W")
     cache = [[Op(kind, m) for m in range(model.microbatches)] for kind in kinds]
     return tuple(tuple(cache[c][m] for c, m in order) for order in codes)
 

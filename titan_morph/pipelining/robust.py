@@ -24,6 +24,7 @@ import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .model import CostModel, Op, Plan
 from .simulate import time_codes, to_codes
@@ -159,14 +160,7 @@ def robust_search(
     )
 
 
-def robust_plan(
-    model: CostModel,
-    samples: Sequence[Sequence[float]],
-    *,
-    iterations: int | None = None,
-    time_budget_ms: float | None = None,
-    seeds: Sequence[Sequence[int]] | None = None,
-) -> Plan:
+def robust_plan(model: CostModel, samples: Sequence[Sequence[float]], **options: Any) -> Plan:
     """The plan with the lowest mean makespan over the per-link delay vectors ``samples``.
 
     Contract (the runtime calls this between steps, on every rank):
@@ -176,13 +170,14 @@ def robust_plan(
       :func:`sample_delays`, a trace, or the monitor's recent per-link measurements (the k-th
       recent value of every link). Each vector is static for one whole iteration and the transport
       is non-blocking (delegated, §5).
-    * ``iterations`` fixes the work of each of the two searches (the plan for the mean vector, then
-      the plan for the samples). Default: :func:`search.default_iterations` for the first and
-      4/K of it (at least :data:`search.MIN_DEFAULT_ITERATIONS`) for the second, whose candidates
-      are each timed K times. ``time_budget_ms`` caps each search (a cut search depends on the
-      machine's speed, see :mod:`search`).
+    * ``options`` (:func:`robust_search`): ``iterations`` fixes the work of each of the two
+      searches (the plan for the mean vector, then the plan for the samples). Default:
+      :func:`search.default_iterations` for the first and 4/K of it (at least
+      :data:`search.MIN_DEFAULT_ITERATIONS`) for the second, whose candidates are each timed K
+      times. ``time_budget_ms`` caps each search (a cut search depends on the
+      machine's speed, see :mod:`search`); ``seeds`` adds warm-up vectors.
     * Result: the same plan on every rank for the same inputs; its mean makespan over ``samples``
       is <= that of the plan searched for the mean vector and of the PipeMorph builder's plan for
       every vector mean + k·std (k in :data:`QUANTILES`). ``plan.model`` carries the mean delays.
     """
-    return robust_search(model, samples, iterations=iterations, time_budget_ms=time_budget_ms, seeds=seeds).plan
+    return robust_search(model, samples, **options).plan

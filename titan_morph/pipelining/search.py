@@ -49,6 +49,7 @@ import random
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .generate import REFILL, WAIT_F, WAIT_W, WAIT_W_FOR_F, run_generator
 from .links import LinkModel, StaticDelays
@@ -817,22 +818,12 @@ def search_detailed(
     return SearchResult(plan, state.best[0], state.best_knobs, seed_scores, used, capped, state.best_by)
 
 
-def search(
-    model: CostModel,
-    *,
-    links: LinkModel | None = None,
-    depth: int | None = None,
-    iterations: int | None = None,
-    time_budget_ms: float | None = None,
-    seeds: Sequence[Sequence[int]] | None = None,
-) -> Plan:
+def search(model: CostModel, **options: Any) -> Plan:
     """Best plan (lowest makespan under ``links``/``depth``, timed by :func:`simulate.time_codes`)
-    within ``model.memory``.
+    within ``model.memory``: :func:`search_detailed`'s plan, same options.
 
     ``iterations`` (default :func:`default_iterations`) fixes the work: the plan depends only on
     the inputs and this count, and more iterations never give a worse plan. ``time_budget_ms``
     caps the wall time (module docstring). ``seeds`` adds warm-up vectors to the built-in seeds.
     """
-    return search_detailed(
-        model, links=links, depth=depth, iterations=iterations, time_budget_ms=time_budget_ms, seeds=seeds
-    ).plan
+    return search_detailed(model, **options).plan

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from titan_morph.pipelining.links import LinkModel, LinkQueue, StaticDelays
 from titan_morph.pipelining.model import CostModel, Op, Order, validate_orders
@@ -354,21 +355,32 @@ def _durations(model: CostModel, orders: Sequence[Order], durations: Callable[[i
     return took
 
 
+_OPTIONS = ("links", "depth", "step", "t0", "durations")
+
+
 def _timeline(
-    model: CostModel,
-    orders: Sequence[Sequence[Op]],
-    links: LinkModel | None,
-    depth: int | None,
-    step: int,
-    t0: float,
-    durations: Callable[[int, Op], float] | None,
-    detail: bool,
+    model: CostModel, orders: Sequence[Sequence[Op]], options: dict[str, Any], detail: bool
 ) -> tuple[tuple[Order, ...], Timeline]:
+    """Check ``orders`` and time them with :func:`simulate`'s ``options``; deadlocks raise."""
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(unknown)}: choose from {', '.join(_OPTIONS)}")
+    links: LinkModel | None = options.get("links")
+    durations: Callable[[int, Op], float] | None = options.get("durations")
     orders_t = _check_orders(model, orders)
     if links is not None and links.num_links != model.stages - 1:
         raise ValueError(f"links model has {links.num_links} links, the cost model {model.stages - 1}")
     took = _durations(model, orders_t, durations) if durations is not None else None
-    tl = time_codes(model, to_codes(orders_t), links=links, depth=depth, step=step, t0=t0, took=took, detail=detail)
+    tl = time_codes(
+        model,
+        to_codes(orders_t),
+        links=links,
+        depth=options.get("depth"),
+        step=options.get("step", 0),
+        t0=options.get("t0", 0.0),
+        took=took,
+        detail=detail,
+    )
     if tl.stuck is not None:
         raise _deadlock(orders_t, tl.stuck)
     return orders_t, tl
@@ -391,7 +403,8 @@ def simulate(
     overrides the model's compute times (e.g. measured ones). Timing by :func:`time_codes`; this
     adds per-op records, bubble rates and the critical path.
     """
-    orders_t, tl = _timeline(model, orders, links, depth, step, t0, durations, detail=True)
+    options = {"links": links, "depth": depth, "step": step, "t0": t0, "durations": durations}
+    orders_t, tl = _timeline(model, orders, options, detail=True)
     s_count = model.stages
     last = s_count - 1
     assert tl.ready is not None and tl.blocked is not None
@@ -455,15 +468,7 @@ def _critical_path(
     return tuple(path)
 
 
-def makespan(
-    model: CostModel,
-    orders: Sequence[Sequence[Op]],
-    *,
-    links: LinkModel | None = None,
-    depth: int | None = None,
-    step: int = 0,
-    t0: float = 0.0,
-    durations: Callable[[int, Op], float] | None = None,
-) -> float:
-    """Makespan only (ms): :func:`simulate` without the per-op records (same checks, same timing)."""
-    return _timeline(model, orders, links, depth, step, t0, durations, detail=False)[1].makespan
+def makespan(model: CostModel, orders: Sequence[Sequence[Op]], **options: Any) -> float:
+    """Makespan only (ms): :func:`simulate` with the same options (``links``, ``depth``, ``step``,
+    ``t0``, ``durations``), the same checks and the same timing, without the per-op records."""
+    return _timeline(model, orders, options, detail=False)[1].makespan
