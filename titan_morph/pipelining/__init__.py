@@ -1,5 +1,9 @@
-"""Slackness-aware pipeline scheduling (pure Python core: no torch import here).
+"""The planner: slackness-aware pipeline scheduling in pure Python (no torch, no other titan_morph
+package).
 
-Data flows one way: ``model`` (costs) → ``slackness`` (Eq. 1, Alg. 1/2) → ``generate``
-(Alg. 3/4) → ``simulate`` (fixed orders under delays) → ``export`` / ``schedule`` (torch runtime).
+Data flows one way: ``model`` (costs) → ``slackness`` (Eq. 1, Alg. 1/2) → ``generate`` (the one
+Alg. 3/4 generator) → ``simulate`` (the one timing routine for fixed orders under delays) →
+``search`` / ``robust`` (best plan for one delay vector / for sampled delays) → ``builders``
+(named schedules) → ``export`` and ``cli`` (``python -m titan_morph.pipelining.plan``). ``exact``
+is the CP-SAT reference for small instances.
 """

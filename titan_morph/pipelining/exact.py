@@ -139,23 +139,12 @@ def _hint_times(model: CostModel, orders: Sequence[Sequence[Op]]) -> dict[tuple[
     return {(t.stage, t.op): (t.start, t.end) for timings in result.timings for t in timings}
 
 
-def _default_hint(model: CostModel) -> tuple[Order, ...] | None:
-    """A feasible schedule to warm-start CP-SAT: the search if available, else the generator."""
-    try:
-        from .search import search
+def _default_hint(model: CostModel) -> tuple[Order, ...]:
+    """A feasible schedule to warm-start CP-SAT: the search's plan (default iterations, so the
+    hint, like the solve without a time limit, is reproducible)."""
+    from .search import search
 
-        return search(model, time_budget_ms=200.0).orders
-    except Exception:  # noqa: BLE001 - a hint is optional; any failure just means no hint
-        pass
-    try:
-        from .generate import generate
-
-        warmup = [min(model.stages - s, model.budget(s)) for s in range(model.stages)]
-        for s in range(model.stages - 2, -1, -1):  # keep Lemma 1 (non-increasing)
-            warmup[s] = max(warmup[s], warmup[s + 1])
-        return tuple(generate(model, warmup))
-    except Exception:  # noqa: BLE001
-        return None
+    return search(model).orders
 
 
 def optimal_makespan(
@@ -170,7 +159,7 @@ def optimal_makespan(
 ) -> ExactResult:
     """Minimum makespan of one iteration (split backward, static delays, non-blocking links).
 
-    ``hint``: orders to warm-start from (default: the search's plan when search.py is importable).
+    ``hint``: orders to warm-start from (default: the search's plan).
     ``fifo``: ``False`` solves the full model only; ``True`` only the FIFO-restricted one (its
     "optimal" is optimal among FIFO schedules); ``None`` (default) first solves the FIFO model with
     a third of the time (fast, usually the true optimum), then the full model warm-started from it,
