@@ -188,3 +188,11 @@ def test_search_handles_many_random_instances() -> None:
         model = random_instance(rng, s_range=(3, 5), n_mult=(1, 3), memory="tight" if k % 2 == 0 else "loose")
         res = search_detailed(model, iterations=60)
         assert res.makespan == pytest.approx(sim_makespan(model, res.plan.orders))
+
+
+def test_iterations_for_ms_is_a_deterministic_count() -> None:
+    model = CostModel.uniform(8, 32, 1, 1, 1)
+    assert search_mod.iterations_for_ms(model, 200.0) == int(200_000 / (search_mod.US_PER_OP_ITERATION * 768))
+    assert search_mod.iterations_for_ms(model, 0.001) == 1
+    with pytest.raises(ValueError, match="budget_ms must be > 0"):
+        search_mod.iterations_for_ms(model, 0)

@@ -56,7 +56,15 @@ from .links import LinkModel, StaticDelays
 from .model import CostModel, Op, Plan, validate_orders, warmup_count
 from .simulate import OP_F, OP_I, OP_W, Code, Timeline, from_codes, time_codes, to_codes
 
-__all__ = ["Knobs", "SearchResult", "search", "search_detailed", "default_iterations", "WORK_PER_DEFAULT_SEARCH"]
+__all__ = [
+    "Knobs",
+    "SearchResult",
+    "search",
+    "search_detailed",
+    "default_iterations",
+    "iterations_for_ms",
+    "WORK_PER_DEFAULT_SEARCH",
+]
 
 WORK_PER_DEFAULT_SEARCH = 200_000
 """Default work in scheduled ops: ``iterations`` = this / (ops per schedule), clipped to
@@ -75,6 +83,20 @@ def default_iterations(model: CostModel) -> int:
     """Iterations of a search with no explicit count: a fixed amount of work per schedule size."""
     ops = 3 * model.stages * model.microbatches
     return max(MIN_DEFAULT_ITERATIONS, min(MAX_DEFAULT_ITERATIONS, WORK_PER_DEFAULT_SEARCH // ops))
+
+
+US_PER_OP_ITERATION = 0.85
+"""Measured CPU cost of one iteration per scheduled op (µs; 2-core dev box, Python 3.11)."""
+
+
+def iterations_for_ms(model: CostModel, budget_ms: float) -> int:
+    """A deterministic iteration count that takes about ``budget_ms`` of CPU on the reference box
+    (:data:`US_PER_OP_ITERATION`): for callers that think in time but need the same plan on every
+    rank (pass it as ``iterations``, with no or a generous ``time_budget_ms``)."""
+    if not budget_ms > 0:
+        raise ValueError(f"budget_ms must be > 0 ms, got {budget_ms}")
+    ops = 3 * model.stages * model.microbatches
+    return max(1, int(budget_ms * 1000.0 / (US_PER_OP_ITERATION * ops)))
 
 
 @dataclass(frozen=True, order=True)
