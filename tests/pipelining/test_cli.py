@@ -1,5 +1,5 @@
-"""The planning CLI ``python -m titan_morph.pipelining.plan`` (in-process via ``main(argv)``, plus one
-real subprocess). Run: ``.venv/bin/pytest tests/pipelining/test_cli.py``."""
+"""The planning CLI ``python -m titan_morph.pipelining.plan`` (``cli.py``; in-process via ``main(argv)``,
+plus real subprocesses). Run: ``.venv/bin/pytest tests/pipelining/test_cli.py``."""
 
 from __future__ import annotations
 
@@ -142,16 +142,36 @@ def test_csv_from_builder_reads_back(capsys, tmp_path: Path) -> None:
     [
         (["--stages", "4", "--microbatches", "12", "--fwd", "10,10,10"], "--fwd needs 1 or 4 values"),
         (["--stages", "4", "--microbatches", "12", "--bwd", "10,x,1,1"], "--bwd: 'x' is not a number"),
-        (["--stages", "4", "--microbatches", "12", "--wgt", "-1"], "--wgt must be finite and >= 0"),
-        (["--stages", "4", "--microbatches", "12", "--delays", "0,-5,0"], "--delays must be >= 0 ms"),
+        (["--stages", "4", "--microbatches", "12", "--wgt", "-1"], "--wgt: -1 is out of range: values must be >= 0"),
+        (
+            ["--stages", "4", "--microbatches", "12", "--delays", "0,-5,0"],
+            "--delays: -5 is out of range: values must be >= 0",
+        ),
         (["--stages", "4", "--microbatches", "12", "--delays", "0,1"], "--delays needs 3 values"),
         (["--stages", "4", "--microbatches", "12", "--delays", "0,inf,0"], "link 1 (1<->2) is down (inf)"),
-        (["--stages", "4", "--microbatches", "12", "--memory", "0"], "--memory must be >= 1"),
+        (
+            ["--stages", "4", "--microbatches", "12", "--memory", "0"],
+            "--memory: 0 is out of range: values must be >= 1",
+        ),
         (["--stages", "4", "--microbatches", "12", "--memory", "2,2"], "--memory needs 1 or 4 values"),
         (["--stages", "4", "--microbatches", "12", "--depth", "0"], "--depth must be >= 1"),
         (["--stages", "0", "--microbatches", "12"], "--stages must be >= 1"),
         (["--microbatches", "12"], "--stages and --microbatches are required"),
-        (["--stages", "4", "--microbatches", "12", "--schedule", "nope"], "argument --schedule: invalid choice"),
+        (
+            ["--stages", "4", "--microbatches", "12", "--schedule", "nope"],
+            "argument --schedule: unknown schedule 'nope': choose one of 1f1b,",
+        ),
+        (["--stages", "4", "--microbatches", "12", "--search-iterations", "-1"], "--search-iterations must be >= 0"),
+        (["--stages", "4", "--microbatches", "12", "--schedule", "zb-h2", "--search-iterations", "5"], "apply to"),
+        (["--stages", "4", "--microbatches", "12", "--no-search", "--plan-random", "30,10"], "need the search"),
+        (["--stages", "4", "--microbatches", "12", "--plan-random", "30"], "--plan-random: expected MEAN,STD"),
+        (["--stages", "4", "--microbatches", "12", "--plan-random", "30,-1"], "--plan-random: -1 is out of range"),
+        (
+            ["--stages", "4", "--microbatches", "12", "--plan-random", "30,10", "--samples", "0"],
+            "--samples must be >= 1",
+        ),
+        (["--stages", "4", "--microbatches", "12", "--plan-random", "30,10", "--delays", "0"], "exclude each other"),
+        (["--stages", "4", "--microbatches", "12", "--plan-random", "30,10", "--depth", "1"], "drop --depth"),
         (["--load-csv", "/nonexistent/x.csv"], "--load-csv: cannot read /nonexistent/x.csv"),
     ],
 )
@@ -247,3 +267,55 @@ def test_run_random_is_deterministic_and_traced(capsys, tmp_path: Path, zb_h2_cs
 def test_bad_run_link_model(capsys, zb_h2_csv: Path, extra: list[str], needle: str) -> None:
     rc, _, err = _run(capsys, "--load-csv", str(zb_h2_csv), *extra)
     assert rc == 2 and err.count("\n") == 1 and needle in err
+
+
+@pytest.mark.parametrize("spelling", ["ZBH2", "zb-h2", "ZB_H2", "Zb-H2"])
+def test_schedule_names_any_spelling(capsys, spelling: str) -> None:
+    d = _json(capsys, *FIG4, "--schedule", spelling)
+    assert d["schedule"] == "zb-h2" and d["makespan_ms"] == pytest.approx(390.0)
+
+
+def test_search_iterations_fix_the_plan_and_report_planning_ms(capsys) -> None:
+    args = [*FIG4, "--fwd", "9,11,10,12", "--delays", "0,25,5", "--memory", "6"]
+    runs = [_json(capsys, *args, "--search-iterations", str(k)) for k in (0, 0, 40, 200)]
+    assert runs[0]["plan_id"] == runs[1]["plan_id"]
+    spans = [r["makespan_ms"] for r in runs]
+    assert spans[1] >= spans[2] >= spans[3]
+    for r in runs:
+        assert r["planning_ms"] > 0 and r["expected_makespan_ms"] is None
+    assert runs[2]["search_iterations"] == 40
+    baseline = _json(capsys, *args, "--schedule", "1f1b")
+    assert baseline["planning_ms"] > 0 and spans[0] <= baseline["makespan_ms"]
+
+
+def test_plan_random_reports_the_expected_makespan(capsys, tmp_path: Path) -> None:
+    from titan_morph.pipelining.robust import sample_delays
+
+    args = [*FIG4, "--plan-random", "30,10", "--samples", "16", "--seed", "3", "--search-iterations", "20"]
+    d = _json(capsys, *args)
+    samples = sample_delays(30.0, 10.0, links=3, samples=16, seed=3)
+    mean = [sum(v[i] for v in samples) / 16 for i in range(3)]
+    assert d["delays_ms"] == pytest.approx(mean) and d["planning_samples"] == 16
+    assert d["expected_makespan_ms"] > 360.0 and d["planning_ms"] > 0
+    assert d == {**_json(capsys, *args), "planning_ms": d["planning_ms"]}  # deterministic for a seed
+    path = tmp_path / "samples.csv"
+    path.write_text("# link0,link1,link2\n" + "\n".join(",".join(f"{x:.6f}" for x in v) for v in samples) + "\n")
+    e = _json(capsys, *FIG4, "--plan-samples", str(path), "--search-iterations", "20")
+    assert e["orders"] == d["orders"] and e["expected_makespan_ms"] == pytest.approx(d["expected_makespan_ms"])
+    # The loaded orders of a baseline get their expected makespan over the same samples.
+    csv = tmp_path / "zb.csv"
+    _json(capsys, *FIG4, "--schedule", "zb-h2", "--csv", str(csv))
+    z = _json(capsys, "--load-csv", str(csv), "--plan-samples", str(path))
+    assert z["expected_makespan_ms"] > d["expected_makespan_ms"]
+
+
+def test_module_entry_points(zb_h2_csv: Path) -> None:
+    for module in ("titan_morph.pipelining.plan", "titan_morph.pipelining.cli"):
+        res = subprocess.run(
+            [sys.executable, "-m", module, "--load-csv", str(zb_h2_csv), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["makespan_ms"] == pytest.approx(390.0)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from titan_morph.pipelining.generate import generate
-from titan_morph.pipelining.links import LinkDownError, StaticDelays
+from titan_morph.pipelining.generate import ALL_POLICY_BITS, generate, run_generator
+from titan_morph.pipelining.links import LinkDownError, StaticDelays, TraceDelays, TraceEvent
 from titan_morph.pipelining.model import CostModel, Op, in_flight_peak, validate_orders, warmup_count
 from titan_morph.pipelining.simulate import makespan
 
@@ -109,3 +111,57 @@ def test_refill_keeps_stages_ahead() -> None:
     assert plain[0][10:13] == _ops("I0 I1 I2")  # the I burst after warm-up
     assert refill[0][10:14] == _ops("I0 F10 I1 F11")
     assert makespan(model, plain) == makespan(model, refill)
+
+
+@st.composite
+def _knobs(draw: st.DrawFn) -> tuple[CostModel, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    s = draw(st.integers(1, 5))
+    n = draw(st.integers(1, 10))
+    times = [[float(draw(st.integers(0, 15))) for _ in range(s)] for _ in range(3)]
+    delays = [float(draw(st.integers(0, 40))) for _ in range(s - 1)]
+    memory = draw(st.none() | st.lists(st.integers(1, 2 * s + 1), min_size=s, max_size=s))
+    model = CostModel(s, n, *times, tuple(delays), memory)  # type: ignore[arg-type]
+    caps = []
+    for k in range(s):
+        caps.append(min([model.budget(k)] + caps[-1:]))
+    x: list[int] = []
+    for k in reversed(range(s)):
+        lo = x[-1] if x else 1
+        x.append(draw(st.integers(lo, max(lo, caps[k]))))
+    x.reverse()
+    limit = tuple(draw(st.integers(xi, model.budget(k))) for k, xi in enumerate(x))
+    policy = tuple(draw(st.integers(0, ALL_POLICY_BITS)) for _ in range(s))
+    return model, tuple(x), limit, policy
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=_knobs(), split=st.booleans())
+def test_generator_timeline_is_the_timing_routine(case, split: bool) -> None:
+    """The generator's own makespan equals the timing routine's on the orders it emits, for every
+    knob (warm-up, limit, policy bits): the search relies on it to score knobs without re-timing."""
+    model, x, limit, policy = case
+    span, codes = run_generator(model, x, limit, policy, split_backward=split)
+    orders = generate(model, x, limit=limit, policy=policy, split_backward=split)
+    validate_orders(model, orders)
+    assert all(in_flight_peak(o) <= lim for o, lim in zip(orders, limit))
+    assert span == pytest.approx(makespan(model, orders))
+    assert run_generator(model, x, limit, policy, split_backward=split, record=False)[0] == span
+
+
+def test_generator_under_time_varying_links_matches_the_timing_routine() -> None:
+    model = CostModel.uniform(4, 10, [9, 11, 10, 12], [10, 12, 9, 11], [6, 8, 7, 9])
+    trace = TraceDelays(
+        3, (TraceEvent(0.0, 1, 25.0), TraceEvent(150.0, 1, 5.0), TraceEvent(80.0, 2, 40.0)), key="time_ms"
+    )
+    for t0 in (0.0, 100.0):
+        span, _ = run_generator(model, (6, 5, 3, 1), (6, 5, 3, 1), (0, 1, 2, 4), links=trace, t0=t0)
+        orders = generate(model, (6, 5, 3, 1), policy=(0, 1, 2, 4), links=trace, t0=t0)
+        assert span == pytest.approx(makespan(model, orders, links=trace, t0=t0))
+
+
+def test_bad_policy() -> None:
+    model = CostModel.uniform(3, 4, 1, 1, 1)
+    with pytest.raises(ValueError, match="policy_1 = 16 out of range"):
+        generate(model, (3, 2, 1), policy=(0, 16, 0))
+    with pytest.raises(ValueError, match="policy needs 1 or 3 values"):
+        generate(model, (3, 2, 1), policy=(0, 1))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from titan_morph.pipelining.generate import generate
-from titan_morph.pipelining.links import LinkDownError, StaticDelays, TraceDelays, TraceEvent
+from titan_morph.pipelining.links import LinkDownError, LinkModel, StaticDelays, TraceDelays, TraceEvent
 from titan_morph.pipelining.model import CostModel, Op
 from titan_morph.pipelining.simulate import DeadlockError, makespan, simulate
 
@@ -147,3 +147,31 @@ def test_deadlocked_csv_like_orders() -> None:
     assert "stage 0 waits for I0 (needs I0 from stage 1, which is stuck behind F3" in msg
     assert "stage 1 waits for F3 (needs F3 from stage 0, which is stuck behind I0" in msg
     assert "stage 2" not in msg.split("deadlock:")[1].split(";")[0]
+
+
+class _SameDelays(LinkModel):
+    """Static delays behind the generic interface: forces the timing routine's link-queue branch."""
+
+    def __init__(self, fwd: tuple[float, ...], bwd: tuple[float, ...]) -> None:
+        self.num_links = len(fwd)
+        self.fwd, self.bwd = fwd, bwd
+
+    def delay_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
+        return (self.fwd if direction == "fwd" else self.bwd)[link]
+
+
+def test_static_branch_agrees_with_the_link_queue_branch() -> None:
+    from titan_morph.pipelining.instances import instance_set
+    from titan_morph.pipelining.simulate import time_codes, to_codes
+
+    for model in instance_set(77, 12, s_range=(2, 6), n_mult=(1, 3), memory="mixed"):
+        orders = generate(model, [1] * model.stages, limit=[model.budget(s) for s in range(model.stages)])
+        fwd = tuple(c + 3.0 for c in model.delays)
+        bwd = model.delays
+        fast = time_codes(model, to_codes(orders), delays=(fwd, bwd), detail=True)
+        slow = time_codes(model, to_codes(orders), links=_SameDelays(fwd, bwd), detail=True)
+        assert fast.makespan == pytest.approx(slow.makespan)
+        for name in ("start", "end", "ready", "blocked"):
+            a, b = getattr(fast, name), getattr(slow, name)
+            assert [v for row in a for v in row] == pytest.approx([v for row in b for v in row]), name
+        assert simulate(model, orders, links=StaticDelays(fwd, bwd)).makespan == pytest.approx(fast.makespan)

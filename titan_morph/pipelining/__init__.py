@@ -1,8 +1,10 @@
-"""Slackness-aware pipeline scheduling: the planner, pure Python (imports neither torch nor any
+"""The planner: slackness-aware pipeline scheduling in pure Python (imports neither torch nor any
 other titan_morph package).
 
-Data flows one way: ``model`` (costs) → ``slackness`` (Eq. 1, Alg. 1/2) → ``generate``
-(Alg. 3/4) → ``simulate`` (fixed orders under delays) → ``search`` → ``export`` (CSV, Chrome
-trace, PNG); ``links`` is the link model the simulator and the transports' emulator share.
-The runtime (``titan_morph.runtime``) turns plans into torch actions.
+Data flows one way: ``model`` (costs) → ``slackness`` (Eq. 1, Alg. 1/2) → ``generate`` (the one
+Alg. 3/4 generator) → ``simulate`` (the one timing routine for fixed orders under delays) →
+``search`` / ``robust`` (best plan for one delay vector / for sampled delays) → ``builders``
+(named schedules) → ``export`` and ``cli`` (``python -m titan_morph.pipelining.plan``). ``exact``
+is the CP-SAT reference for small instances; ``links`` is the link model the simulator and the
+transports' emulator share. The runtime (``titan_morph.runtime``) turns plans into torch actions.
 """

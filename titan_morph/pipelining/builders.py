@@ -1,125 +1,44 @@
-"""Named schedules as :class:`model.Plan` objects: the baselines of the paper's §7 and PipeMorph.
+"""Named schedules as :class:`model.Plan` objects: the baselines of the paper's §7 and PipeMorph,
+with PipeMorph's search on top.
 
-Every builder reduces to warm-up counts x_i plus the Alg. 3/4 generator (GPipe is written out):
-
-* ``1f1b``     x_i = S − i, fused ``B`` (one-forward-one-backward after warm-up).
-* ``1f1b-iw``  the same orders with each ``B`` split into ``I`` immediately followed by ``W``.
-* ``gpipe``    all forwards, then all backwards (x_i = N).
-* ``zb-h1``    ZeroBubble-H1: x_i = S − i (1F1B memory), ``W`` deferred by the I > F > W policy.
-* ``zb-h2``    ZeroBubble-H2: x_i = 2(S − i) − 1 — the paper's Fig. 4 (S=4, N=12: 390 ms).
-* ``pipemorph`` Alg. 1 (no delay known) or Alg. 2 (``model.delays`` non-zero) + Alg. 3/4; with
-  ``search=True`` the search module (``titan_morph.pipelining.search``, imported lazily) improves it.
-
-x_i is capped at N everywhere; a warm-up that needs more than M_i microbatches in flight raises
-``ValueError`` naming the stage, the need and M_i (paper §4.2: memory bounds the warm-up).
+The plain builders live in :mod:`baselines` (1F1B, 1F1B with split backward, GPipe, ZB-H1, ZB-H2 and
+PipeMorph's Alg. 1/2 + Alg. 3/4 plan); ``build("pipemorph", model, search=True)`` runs the search
+(:mod:`search`; with ``samples=``, :mod:`robust` plans for sampled delays). Names are spelled one way
+(:data:`SCHEDULES`); :func:`schedule_key` maps every accepted spelling ("ZBH2", "zb-h2", "ZB_H2",
+the TOML names "PipeMorph", "Morph1F1B"...) onto them.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Sequence
 from typing import Any
 
-from titan_morph.pipelining.generate import check_warmup, generate
-from titan_morph.pipelining.model import CostModel, Op, Order, Plan
-from titan_morph.pipelining.slackness import adapted_warmup, initial_warmup
+from titan_morph.pipelining.baselines import SCHEDULES, build_plain, schedule_key, split_fused, warmup_for
+from titan_morph.pipelining.model import CostModel, Plan
+from titan_morph.pipelining.robust import robust_plan
+from titan_morph.pipelining.search import search as run_search
 
-__all__ = ["SCHEDULES", "build", "warmup_for", "split_fused"]
-
-SCHEDULES = ("1f1b", "1f1b-iw", "gpipe", "zb-h1", "zb-h2", "pipemorph")
-
-
-def _check_memory(schedule: str, model: CostModel, warmup: Sequence[int]) -> None:
-    if model.memory is None:
-        return
-    for s, (x, m) in enumerate(zip(warmup, model.memory)):
-        if x > m:
-            raise ValueError(
-                f"schedule {schedule!r}: stage {s} needs {x} microbatches in flight for its warm-up,"
-                f" more than its memory budget M_{s} = {m}"
-            )
-
-
-def warmup_for(schedule: str, model: CostModel) -> tuple[int, ...]:
-    """x_i a named schedule uses on ``model`` (capped at N)."""
-    s_count, n = model.stages, model.microbatches
-    if schedule in ("1f1b", "1f1b-iw", "zb-h1"):
-        return tuple(min(n, s_count - i) for i in range(s_count))
-    if schedule == "zb-h2":
-        return tuple(min(n, 2 * (s_count - i) - 1) for i in range(s_count))
-    if schedule == "gpipe":
-        return (n,) * s_count
-    if schedule == "pipemorph":
-        if any(c > 0 for c in model.delays):
-            return adapted_warmup(model)
-        memory = model.memory if model.memory is not None else n
-        return initial_warmup(s_count, n, memory)
-    raise ValueError(f"unknown schedule {schedule!r}: choose one of {', '.join(SCHEDULES)}")
-
-
-def split_fused(orders: Sequence[Sequence[Op]]) -> tuple[Order, ...]:
-    """Replace every fused ``B m`` with ``I m, W m`` (1F1B with split backward, same timing)."""
-    out = []
-    for order in orders:
-        ops: list[Op] = []
-        for op in order:
-            if op.kind == "B":
-                ops += [Op("I", op.mb), Op("W", op.mb)]
-            else:
-                ops.append(op)
-        out.append(tuple(ops))
-    return tuple(out)
-
-
-def _gpipe(model: CostModel) -> tuple[Order, ...]:
-    n = model.microbatches
-    order = tuple(Op("F", m) for m in range(n)) + tuple(Op("B", m) for m in range(n))
-    return (order,) * model.stages
+__all__ = ["SCHEDULES", "build", "schedule_key", "warmup_for", "split_fused"]
 
 
 def build(schedule: str, model: CostModel, **kw: Any) -> Plan:
-    """Build the named schedule for ``model``.
+    """Build the named schedule (any spelling :func:`schedule_key` accepts) for ``model``.
 
-    Keyword options: ``search`` (pipemorph only: run ``search.search`` on top; extra keywords go to
-    it), ``delta`` (δ-quantised generation), ``links`` (a :class:`links.LinkModel` the generator
-    plans against instead of ``model.delays``), ``warmup`` (override x_i; pipemorph only),
-    ``refill`` (generator option: keep stages x_i forwards ahead in the steady phase, see
-    :mod:`generate`; default False = the paper's I > F > W).
+    Keyword options: ``search`` (pipemorph only: run :func:`search.search` on top; ``iterations``,
+    ``time_budget_ms``, ``links``, ``depth`` and ``seeds`` go to it; with ``samples`` (per-link delay
+    vectors) :func:`robust.robust_plan` plans for them instead), ``delta`` (δ-quantised
+    generation), ``links`` (a :class:`links.LinkModel` the generator plans against instead of
+    ``model.delays``), ``warmup`` (override x_i; pipemorph only), ``refill`` (generator option:
+    keep stages x_i forwards ahead in the steady phase, see :mod:`generate`; default False = the
+    paper's I > F > W).
     """
-    name = schedule.strip().lower()
-    if name not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}: choose one of {', '.join(SCHEDULES)}")
+    name = schedule_key(schedule)
     search = bool(kw.pop("search", False))
     if search and name != "pipemorph":
         raise ValueError(f"search=True is only meaningful for 'pipemorph', not {schedule!r}")
     if search:
-        try:
-            search_mod = importlib.import_module("titan_morph.pipelining.search")
-        except ModuleNotFoundError as exc:
-            if exc.name != "titan_morph.pipelining.search":
-                raise
-            raise ValueError("search=True needs titan_morph.pipelining.search, which is not installed") from None
-        return search_mod.search(model, **kw)
-    delta = kw.pop("delta", None)
-    refill = bool(kw.pop("refill", False))
-    links = kw.pop("links", None)
-    warmup = kw.pop("warmup", None)
-    if kw:
-        raise ValueError(f"unknown option(s) for build({schedule!r}): {', '.join(sorted(kw))}")
-    if warmup is not None and name != "pipemorph":
-        raise ValueError(f"warmup= overrides only 'pipemorph'; {schedule!r} defines its own x_i")
-    plan_model = model
-    if links is not None and not any(c > 0 for c in model.delays):
-        plan_model = model.with_delays(links.snapshot())  # plan (Alg. 2) against what the links show
-    x = tuple(warmup) if warmup is not None else warmup_for(name, plan_model)
-    _check_memory(name, model, x)
-    if name == "gpipe":
-        return Plan(name, x, _gpipe(model), model)
-    x = check_warmup(model, x)
-    if name in ("1f1b", "1f1b-iw"):
-        orders = generate(model, x, split_backward=False, delta=delta, links=links, refill=refill)
-        if name == "1f1b-iw":
-            orders = split_fused(orders)
-    else:
-        orders = generate(model, x, delta=delta, links=links, refill=refill)
-    return Plan(name, x, orders, model)
+        samples = kw.pop("samples", None)
+        return robust_plan(model, samples, **kw) if samples is not None else run_search(model, **kw)
+    unknown = set(kw) - {"delta", "links", "warmup", "refill"}
+    if unknown:
+        raise ValueError(f"unknown option(s) for build({schedule!r}): {', '.join(sorted(unknown))}")
+    return build_plain(name, model, **kw)

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from .builders import split_fused
 from .model import CostModel, Op, Order
+from .simulate import simulate
 
 _SCALES = (1, 2, 4, 5, 10, 20, 100, 1000)
 EXTRA_PARAMS: dict[str, object] = {}
@@ -132,75 +133,18 @@ def _pick_scale(values: Sequence[float]) -> tuple[int, bool]:
     return _SCALES[-1], True
 
 
-def asap_times(model: CostModel, orders: Sequence[Sequence[Op]]) -> dict[tuple[int, Op], tuple[float, float]]:
-    """Start/end of every op when each stage runs its order as early as possible under the model's
-    static delays and non-blocking links (the simulator's semantics, for hints and re-timing).
-
-    Accepts split (I/W) and fused (B) orders. Raises ``RuntimeError`` if the orders deadlock.
-    """
-    S = model.stages
-    if any(math.isinf(c) for c in model.delays):
-        raise ValueError("exact: a link delay is inf (link down); no finite schedule exists")
-    done: dict[tuple[int, Op], tuple[float, float]] = {}
-    pos = [0] * S
-    free = [0.0] * S
-    total = sum(len(o) for o in orders)
-    while len(done) < total:
-        progressed = False
-        for s in range(S):
-            order = orders[s]
-            while pos[s] < len(order):
-                op = order[pos[s]]
-                ready = free[s]
-                if op.kind == "F":
-                    if s > 0:
-                        dep = done.get((s - 1, Op("F", op.mb)))
-                        if dep is None:
-                            break
-                        ready = max(ready, dep[1] + model.delays[s - 1])
-                elif op.kind in ("I", "B"):
-                    dep = done.get((s, Op("F", op.mb)))
-                    if dep is None:
-                        break
-                    ready = max(ready, dep[1])
-                    if s < S - 1:
-                        up = done.get((s + 1, Op("I", op.mb))) or done.get((s + 1, Op("B", op.mb)))
-                        if up is None:
-                            break
-                        ready = max(ready, up[1] + model.delays[s])
-                else:  # W
-                    dep = done.get((s, Op("I", op.mb)))
-                    if dep is None:
-                        break
-                    ready = max(ready, dep[1])
-                end = ready + model.duration(s, op.kind)
-                done[(s, op)] = (ready, end)
-                free[s] = end
-                pos[s] += 1
-                progressed = True
-        if not progressed:
-            stuck = {s: str(orders[s][pos[s]]) for s in range(S) if pos[s] < len(orders[s])}
-            raise RuntimeError(f"orders deadlock; next op per stage: {stuck}")
-    return done
+def _hint_times(model: CostModel, orders: Sequence[Sequence[Op]]) -> dict[tuple[int, Op], tuple[float, float]]:
+    """Start/end of every op of ``orders`` run as early as possible (:func:`simulate.simulate`)."""
+    result = simulate(model, orders)
+    return {(t.stage, t.op): (t.start, t.end) for timings in result.timings for t in timings}
 
 
-def _default_hint(model: CostModel) -> tuple[Order, ...] | None:
-    """A feasible schedule to warm-start CP-SAT: the search if available, else the generator."""
-    try:
-        from .search import search
+def _default_hint(model: CostModel) -> tuple[Order, ...]:
+    """A feasible schedule to warm-start CP-SAT: the search's plan (default iterations, so the
+    hint, like the solve without a time limit, is reproducible)."""
+    from .search import search
 
-        return search(model, time_budget_ms=200.0).orders
-    except Exception:  # noqa: BLE001 - a hint is optional; any failure just means no hint
-        pass
-    try:
-        from .generate import generate
-
-        warmup = [min(model.stages - s, model.budget(s)) for s in range(model.stages)]
-        for s in range(model.stages - 2, -1, -1):  # keep Lemma 1 (non-increasing)
-            warmup[s] = max(warmup[s], warmup[s + 1])
-        return tuple(generate(model, warmup))
-    except Exception:  # noqa: BLE001
-        return None
+    return search(model).orders
 
 
 def optimal_makespan(
@@ -215,7 +159,7 @@ def optimal_makespan(
 ) -> ExactResult:
     """Minimum makespan of one iteration (split backward, static delays, non-blocking links).
 
-    ``hint``: orders to warm-start from (default: the search's plan when search.py is importable).
+    ``hint``: orders to warm-start from (default: the search's plan).
     ``fifo``: ``False`` solves the full model only; ``True`` only the FIFO-restricted one (its
     "optimal" is optimal among FIFO schedules); ``None`` (default) first solves the FIFO model with
     a third of the time (fast, usually the true optimum), then the full model warm-started from it,
@@ -287,7 +231,7 @@ def _solve(
 
     dur = {(s, k): q(model.duration(s, k)) for s in range(S) for k in kinds}
     delay = [q(c) for c in model.delays]
-    hint_times = asap_times(model, hint_orders) if hint_orders is not None else None
+    hint_times = _hint_times(model, hint_orders) if hint_orders is not None else None
 
     # Horizon: a fully serial schedule (one microbatch at a time) is always feasible.
     serial = N * (sum(dur[(s, k)] for s in range(S) for k in kinds) + 2 * sum(delay))
@@ -397,8 +341,7 @@ def _solve(
     orders_t = tuple(orders)
     bound = solver.best_objective_bound / scale
     if rounded:
-        times = asap_times(model, orders_t)
-        makespan = max(e for _, e in times.values())
+        makespan = simulate(model, orders_t).makespan
     else:
         makespan = solver.objective_value / scale
     optimal = status == cp_model.OPTIMAL and not rounded or makespan <= bound + 1e-9

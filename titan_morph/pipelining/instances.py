@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from .model import CostModel
 
-MEMORY_MODES = ("tight", "loose", "mixed", None)
+MEMORY_MODES = ("tight", "loose", "scalar", "mixed", None)
 
 
 def _rng(rng: random.Random | int) -> random.Random:
@@ -29,9 +29,12 @@ def _quantize(value: float, resolution: float) -> float:
 
 
 def random_memory(rng: random.Random, stages: int, microbatches: int, memory: str | None) -> tuple[int, ...] | None:
-    """Per-stage budgets M_i: ``tight`` ~ 1F1B's need S−i up to ~1.5(S−i); ``loose`` >= 2S or unbounded."""
+    """Per-stage budgets M_i: ``tight`` ~ 1F1B's need S−i up to ~1.5(S−i); ``loose`` >= 2S or unbounded;
+    ``scalar`` one budget M in [S, N] for every stage (1F1B always fits); ``mixed`` tight or loose."""
     if memory is None:
         return None
+    if memory == "scalar":
+        return (rng.randint(stages, max(stages, microbatches)),) * stages
     if memory == "mixed":
         memory = rng.choice(("tight", "loose"))
     if memory == "tight":
@@ -52,10 +55,12 @@ def random_instance(
     memory: str | None = "mixed",
     zero_delay_prob: float = 0.35,
     resolution: float = 1.0,
+    delay_factor: tuple[float, float] | None = None,
 ) -> CostModel:
     """One random instance: S in ``s_range``, N in [S·n_mult[0], S·n_mult[1]], F/I/W per stage in
     ``time_range`` ms, each link's delay 0 with probability ``zero_delay_prob`` else in
-    ``delay_range`` ms, and memory per :func:`random_memory` (``"mixed"`` picks tight or loose).
+    ``delay_range`` ms (or, with ``delay_factor = (lo, hi)``, in [lo, hi] × t^F of the sending
+    stage), and memory per :func:`random_memory` (``"mixed"`` picks tight or loose).
 
     ``rng`` is a ``random.Random`` or an int seed; the result depends only on it and the arguments.
     """
@@ -72,6 +77,8 @@ def random_instance(
         raise ValueError(f"zero_delay_prob must be in [0, 1], got {zero_delay_prob}")
     if resolution <= 0:
         raise ValueError(f"resolution must be > 0 ms, got {resolution}")
+    if delay_factor is not None and not (0 <= delay_factor[0] <= delay_factor[1]):
+        raise ValueError(f"delay_factor must satisfy 0 <= low <= high, got {delay_factor}")
     stages = rng.randint(*s_range)
     microbatches = max(1, rng.randint(math.ceil(stages * n_mult[0]), math.floor(stages * n_mult[1])))
 
@@ -79,10 +86,15 @@ def random_instance(
         return tuple(_quantize(rng.uniform(*time_range), resolution) for _ in range(stages))
 
     fwd, bwd, wgt = times(), times(), times()
-    delays = tuple(
-        0.0 if rng.random() < zero_delay_prob else _quantize(rng.uniform(*delay_range), resolution)
-        for _ in range(stages - 1)
-    )
+
+    def delay(link: int) -> float:
+        if rng.random() < zero_delay_prob:
+            return 0.0
+        if delay_factor is None:
+            return _quantize(rng.uniform(*delay_range), resolution)
+        return _quantize(rng.uniform(*delay_factor) * fwd[link], resolution)
+
+    delays = tuple(delay(link) for link in range(stages - 1))
     mem = random_memory(rng, stages, microbatches, memory)
     return CostModel(stages, microbatches, fwd, bwd, wgt, delays, mem)
 
@@ -91,6 +103,18 @@ def instance_set(seed: int, count: int, **kwargs: object) -> list[CostModel]:
     """``count`` instances from one seeded stream (``kwargs`` go to :func:`random_instance`)."""
     rng = random.Random(seed)
     return [random_instance(rng, **kwargs) for _ in range(count)]  # type: ignore[arg-type]
+
+
+def planner_set(seed: int, count: int) -> list[CostModel]:
+    """The planner's quality set: S 3–6, N in S..3S, heterogeneous F/I/W in 5–20 ms, delays 0–3×t^F
+    (a third of the links without delay), memory cycling through tight, loose and one-budget-for-all
+    (``scalar``, M in S..N). The search's gap to the exact optimum is measured on such sets."""
+    rng = random.Random(seed)
+    modes = ("tight", "loose", "scalar")
+    return [
+        random_instance(rng, s_range=(3, 6), n_mult=(1, 3), delay_factor=(0, 3), memory=modes[k % 3])
+        for k in range(count)
+    ]
 
 
 def describe(model: CostModel) -> str:

@@ -26,7 +26,7 @@ import csv
 import math
 import random
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -301,21 +301,15 @@ def table3_trace(num_stages: int = 4, steps: int = 200, paper_stages: int = 8, p
 
 
 def parse_delays(spec: str | Sequence[float] | None, num_links: int, name: str = "delays") -> tuple[float, ...]:
-    """Parse ``"0,30,inf"`` or a list into ``num_links`` non-negative delays (a scalar broadcasts)."""
-    if spec is None or spec == "":
+    """Parse ``"0,30,inf"`` or a list into ``num_links`` non-negative delays in ms (a scalar
+    broadcasts; ``None``/``""`` = no delay; ``inf`` = the link is down), with :func:`values.parse_list`."""
+    from .values import parse_list
+
+    values = parse_list(spec, float, name=name, low=0.0, allow_inf=True)  # type: ignore[arg-type]
+    if not values:
         return (0.0,) * num_links
-    parts: Iterable[float | str] = spec.split(",") if isinstance(spec, str) else spec
-    values = []
-    for p in parts:
-        try:
-            values.append(float(p))
-        except ValueError:
-            raise ValueError(f"{name}: {p!r} is not a number of ms (use 'inf' for a link that is down)") from None
-    if len(values) == 1 and num_links > 1:
-        values = values * num_links
+    if len(values) == 1:
+        return values * num_links
     if len(values) != num_links:
         raise ValueError(f"{name} needs {num_links} values (one per link), got {len(values)}")
-    for v in values:
-        if not v >= 0:
-            raise ValueError(f"{name} must be >= 0 ms (inf = link down), got {v}")
-    return tuple(values)
+    return values

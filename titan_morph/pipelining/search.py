@@ -1,287 +1,239 @@
-"""Search beyond the paper's planner (paper §4.2–§4.3, Alg. 2–4; §7.4 compares with the optimum).
+"""Search beyond the paper's planner (paper §4.2–§4.3, Alg. 1–4; §7.4 compares with the optimum).
 
-Alg. 2 fixes x_i from Eq. 1 alone; that ignores W, heterogeneous stages and memory, and its
-N − 2S clip collapses every Δ_i when N <= 2S. The search has two phases, both scored by makespan.
+Alg. 2 fixes x_i from Eq. 1 alone; that ignores W, heterogeneous stages and memory. The search
+looks for the schedule with the lowest makespan (or, given delay samples, the lowest mean makespan:
+:mod:`robust`) within the memory budget, with two workers that take turns:
 
-1. Knob phase. The Alg. 3/4 generator is parametrised per stage by
-   ``warmup[i]`` = x_i (warm-up quota; non-increasing by Lemma 1, 1 <= x_i <= min(M_i, N)),
-   ``limit[i]`` = in-flight cap after warm-up (x_i <= limit_i <= min(M_i, N)) and
-   ``policy[i]``, a bitmask for idle-gap filling with ops whose arrival is already known
-   (static delays): ``WAIT_W`` (1) — a ``W`` does not start if an ``I`` on its way arrives before
-   the ``W`` would end (wait for the ``I``: it frees memory and unblocks upstream);
-   ``WAIT_F`` (2) — the same for an ``F``; ``WAIT_W_FOR_F`` (4) — a ``W`` does not start if an
-   admissible ``F`` arrives before it would end. ``policy = 0`` and ``limit = warmup`` are exactly
-   Alg. 3 (``generate.generate``, same tie rules; checked by the tests).
-   Seeds: Alg. 2, Alg. 1 (under the memory budget), ZB-H1/1F1B (S − i), ZB-H2 (2(S − i) − 1),
-   all-ones and the caller's vectors, each clipped to the budget; then the same vectors with
-   uniform policies; then first-improvement hill-climbing (memoised, fixed neighbour order) over
-   ±1 moves of one link's slackness Δ_i (x_0..x_i together), of one x_i, of one cap, and policy
-   bit flips, restarted from the next-best starts while budget remains.
-2. Order phase (static non-blocking links only). The best two knob optima are *polished* as
-   fixed orders: job-shop style insertions inside critical blocks (back-to-back ops on a critical
-   path; only reordering there can shorten it), accepted when (makespan, Σ stage finish times)
-   decreases, then iterated local search (seeded random valid swaps / critical moves + descent,
-   keep the best). Orders stay within memory (every prefix: #F − #I <= M_i) and F < I < W.
+* Knob worker: hill-climbing (first improvement, memoised, fixed neighbour order) over the knobs
+  of the Alg. 3/4 generator (:func:`generate.run_generator`), per stage: x_i (warm-up quota;
+  non-increasing by Lemma 1, 1 <= x_i <= min(M_i, N)), the in-flight limit
+  (x_i <= limit_i <= min(M_i, N)) and the policy bits (:data:`generate.WAIT_W` ...); with delay
+  samples also which delay vector the generator plans against. Restarts from the next-best seed,
+  then from seeded kicks of the best local optimum.
+* Order worker: tabu search on fixed orders, as for job shops. The disjunctive graph has one chain
+  per stage (its order) and message arcs weighted by the link delays; an op's head is its start
+  and its tail the longest path from its start to the end (:func:`_tails`). Moves are insertions
+  inside the critical blocks (runs of back-to-back ops on a critical path: only reordering there
+  can shorten it): a block's last op earlier, its first op later, an interior op to the block's
+  first or last slot (e.g. a ``W`` deferred past the block, which is how a stage's ``W``s move out
+  of a memory-bound steady phase). Each step ranks the valid moves (F < I < W per microbatch,
+  in-flight <= M_i) by a head/tail estimate of the new makespan, takes the best move whose op was
+  not moved in the last few steps (unless it beats the best), evaluates it exactly and moves
+  there, better or not. It restarts from a perturbation of its best after a run without progress,
+  and from the global best when the knob worker improves it.
 
-Scoring: under static non-blocking links the generator's own timeline *is* the simulation (each
-op starts at max(ready, stage free)), and polishing re-times orders with an equivalent ASAP pass;
-under other links or a blocking ``depth`` the knob phase re-times each candidate's orders with
-``simulate.makespan`` and the order phase is skipped. The result is never worse than any seed.
+Every candidate is timed by the planner's one timing routine (:func:`simulate.time_codes`), or,
+under static non-blocking links with one delay vector, by the generator's own timeline, which is
+the same (tested).
 
-Determinism: ``time_budget_ms`` is spent in *estimated* cost, a fixed number of µs per scheduled op
-for each kind of evaluation (``KERNEL_US_PER_OP``, ``TIMELINE_US_PER_OP``, ``SIMULATE_US_PER_OP``,
-measured on a 2-core dev box), never on the wall clock, and the ILS uses a fixed-seed RNG, so the
-plan does not depend on machine load.
+Seeds, always evaluated (so the result is never worse than any of them): every baseline builder
+whose warm-up fits the memory budget (1F1B, ZB-H1, ZB-H2, GPipe; 1F1B with split backward times as
+1F1B), the builder's own PipeMorph plan (Alg. 1/2 + Alg. 3/4), the plain greedy (x = 1 with the
+limit at the budget) and the caller's warm-up vectors. The knob worker then starts with Alg. 2,
+Alg. 1, the ZB-H1/ZB-H2 warm-ups clipped to the budget and x = 1, each with limit = x and with
+limit = the budget, and the same vectors with uniform policies.
+
+Anytime, deterministic and monotone: an iteration is one evaluation (one generator run, or one
+timing of fixed orders), the sequence of evaluations depends only on the inputs (every random
+choice comes from a fixed-seed generator), never on the iteration count or on the clock, and the
+result after k iterations is the best of the seeds and the first k evaluations. Hence the same
+inputs and ``iterations`` give the same plan on every run and every rank, and more iterations never
+give a worse plan. ``time_budget_ms`` only caps the wall time of the iterations (when it cuts the
+search, ``SearchResult.capped`` is True and the plan depends on the machine's speed).
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from .baselines import build_plain, split_fused, warmup_for
+from .generate import REFILL, WAIT_F, WAIT_W, WAIT_W_FOR_F, run_generator
 from .links import LinkModel, StaticDelays
-from .model import CostModel, Op, Order, Plan, validate_orders, warmup_count
+from .model import CostModel, Op, Plan, validate_orders, warmup_count
+from .simulate import OP_F, OP_I, OP_W, Code, Timeline, from_codes, time_codes, to_codes
+from .slackness import adapted_warmup, initial_warmup
 
-__all__ = ["Knobs", "SearchResult", "search", "search_detailed", "run_knobs", "polish", "default_budget_ms"]
+__all__ = [
+    "Knobs",
+    "SearchResult",
+    "search",
+    "search_detailed",
+    "default_iterations",
+    "iterations_for_ms",
+    "WORK_PER_DEFAULT_SEARCH",
+]
 
-KERNEL_US_PER_OP = 1.3
-"""Estimated cost (µs per op) of one generator run (:func:`run_knobs`)."""
-TIMELINE_US_PER_OP = 0.6
-"""Estimated cost (µs per op) of one fixed-order re-timing in :func:`polish`."""
-SIMULATE_US_PER_OP = 4.0
-"""Estimated cost (µs per op) of generator + ``simulate.makespan`` under non-static links/depth."""
+WORK_PER_DEFAULT_SEARCH = 200_000
+"""Default work in scheduled ops: ``iterations`` = this / (ops per schedule), clipped to
+[:data:`MIN_DEFAULT_ITERATIONS`, :data:`MAX_DEFAULT_ITERATIONS`] (S=8, N=32: 312 iterations)."""
+MIN_DEFAULT_ITERATIONS = 8
+MAX_DEFAULT_ITERATIONS = 1500
+POLICY_BITS = (WAIT_W, WAIT_F, WAIT_W_FOR_F, REFILL)
+_UNIFORM_POLICIES = (0, WAIT_W | WAIT_W_FOR_F, WAIT_W | WAIT_F | WAIT_W_FOR_F, REFILL)
+_EPS = 1e-9
+_PATTERN = (0, 1, 1, 1)
+"""Turns of the knob worker (0) and the order worker (1) in the driver's cycle."""
+_RNG_SEED = 20260113
 
-_F, _I, _W = 0, 1, 2
-WAIT_W = 1
-WAIT_F = 2
-WAIT_W_FOR_F = 4
-POLICY_BITS = (WAIT_W, WAIT_F, WAIT_W_FOR_F)
-PERTURB = "mixed"
-"""Perturbation of the iterated local search: random valid swaps, critical-block moves, or mixed."""
-KNOB_SHARE = 0.5
-ACCEPT_EQUAL = True
-"""Iterated local search walks on from not-worse local optima (True) or restarts from the best."""
-NEIGHBOUR_ORDER = ("link", "x", "lim", "pol")
-"""Order in which the knob phase tries its move groups (first improvement)."""
-"""Share of the budget for the knob phase under static links (the rest polishes orders)."""
-POLISH_STARTS = 2
-"""How many distinct knob-phase local optima are polished."""
-_UNIFORM_POLICIES = (0, WAIT_W | WAIT_W_FOR_F, WAIT_W | WAIT_F | WAIT_W_FOR_F)
+
+def default_iterations(model: CostModel) -> int:
+    """Iterations of a search with no explicit count: a fixed amount of work per schedule size."""
+    ops = 3 * model.stages * model.microbatches
+    return max(MIN_DEFAULT_ITERATIONS, min(MAX_DEFAULT_ITERATIONS, WORK_PER_DEFAULT_SEARCH // ops))
+
+
+US_PER_OP_ITERATION = 0.85
+"""Measured CPU cost of one iteration per scheduled op (µs; 2-core dev box, Python 3.11)."""
+
+
+def iterations_for_ms(model: CostModel, budget_ms: float) -> int:
+    """A deterministic iteration count that takes about ``budget_ms`` of CPU on the reference box
+    (:data:`US_PER_OP_ITERATION`): for callers that think in time but need the same plan on every
+    rank (pass it as ``iterations``, with no or a generous ``time_budget_ms``)."""
+    if not budget_ms > 0:
+        raise ValueError(f"budget_ms must be > 0 ms, got {budget_ms}")
+    ops = 3 * model.stages * model.microbatches
+    return max(1, int(budget_ms * 1000.0 / (US_PER_OP_ITERATION * ops)))
 
 
 @dataclass(frozen=True, order=True)
 class Knobs:
-    """One point of the search space (per stage: x_i, in-flight cap, policy bits)."""
+    """One point of the generator's space: per stage x_i, in-flight cap, policy bits, and the index
+    of the delay vector the generator plans against (0 = the model's delays)."""
 
     warmup: tuple[int, ...]
     limit: tuple[int, ...]
     policy: tuple[int, ...]
-
-    def key(self) -> tuple[tuple[int, ...], ...]:
-        return (self.warmup, self.limit, self.policy)
+    plan: int = 0
 
 
 @dataclass(frozen=True)
 class SearchResult:
-    """The chosen plan with its makespan and how the search got there."""
+    """The chosen plan, its score (makespan, or mean makespan over the scenarios) and the search's
+    bookkeeping: per-seed scores, iterations run, whether the time cap cut them."""
 
     plan: Plan
     makespan: float
-    knobs: Knobs
+    knobs: Knobs | None  # the generator knobs of the best schedule; None when order moves made it
     seeds: dict[str, float] = field(default_factory=dict)
-    evaluations: int = 0
-    budget: int = 0
+    iterations: int = 0
+    capped: bool = False
+    found_by: str = ""
 
 
-def run_knobs(model: CostModel, knobs: Knobs, *, record: bool = True) -> tuple[float, tuple[Order, ...] | None]:
-    """Generate one schedule for ``knobs`` under ``model.delays`` (non-blocking links).
-
-    Returns (makespan, orders or None). Same event rules as :func:`generate.generate`: every event
-    at one instant is applied before any decision at that instant. ``inf`` makespan = stalled.
-    """
-    s_count, n = model.stages, model.microbatches
-    last = s_count - 1
-    x, lim, pol = knobs.warmup, knobs.limit, knobs.policy
-    cd = model.delays
-    tf, tb, tw = model.fwd, model.bwd, model.wgt
-    ready_f: list[list[int]] = [[] for _ in range(s_count)]
-    ready_i: list[list[int]] = [[] for _ in range(s_count)]
-    ready_w: list[list[int]] = [[] for _ in range(s_count)]
-    ready_f[0] = list(range(n))
-    # Expected arrival time of I's already started downstream (known ahead: static delays).
-    incoming: list[list[float]] = [[] for _ in range(s_count)]
-    incoming_f: list[list[float]] = [[] for _ in range(s_count)]
-    warm_left = list(x)
-    in_flight = [0] * s_count
-    busy = [False] * s_count
-    done = [0] * s_count
-    orders: list[list[tuple[int, int]]] = [[] for _ in range(s_count)]
-    events: list[tuple[float, int, int, int, int, int]] = []
-    heappush, heappop = heapq.heappush, heapq.heappop
-    seq = 0
-    dirty = list(range(s_count))
-    marked = [True] * s_count
-    now = 0.0
-    end_time = 0.0
-    while True:
-        for s in dirty:
-            marked[s] = False
-            if busy[s]:
-                continue
-            code = -1
-            if warm_left[s] > 0:
-                if ready_f[s]:
-                    code = _F
-                    warm_left[s] -= 1
-            elif ready_i[s]:
-                code = _I
-            else:
-                p = pol[s]
-                if ready_f[s] and in_flight[s] < lim[s]:
-                    code = _F
-                    if p & WAIT_F and incoming[s] and incoming[s][0] < now + tf[s]:
-                        code = -1
-                elif ready_w[s]:
-                    code = _W
-                    if p & WAIT_W and incoming[s] and incoming[s][0] < now + tw[s]:
-                        code = -1
-                    elif (
-                        p & WAIT_W_FOR_F and incoming_f[s] and incoming_f[s][0] < now + tw[s] and in_flight[s] < lim[s]
-                    ):
-                        code = -1
-            if code < 0:
-                continue
-            if code == _F:
-                m = heappop(ready_f[s])
-                in_flight[s] += 1
-                end = now + tf[s]
-                if s < last:
-                    incoming_f[s + 1].append(end + cd[s])
-            elif code == _I:
-                m = heappop(ready_i[s])
-                end = now + tb[s]
-                if s > 0:
-                    incoming[s - 1].append(end + cd[s - 1])
-            else:
-                m = heappop(ready_w[s])
-                end = now + tw[s]
-            if record:
-                orders[s].append((code, m))
-            busy[s] = True
-            seq += 1
-            heappush(events, (end, seq, 1, s, code, m))
-        dirty.clear()
-        if not events:
-            break
-        now = events[0][0]
-        horizon = now + 1e-9 * max(1.0, abs(now))
-        while events and events[0][0] <= horizon:
-            t, _, is_end, s, code, m = heappop(events)
-            if not marked[s]:
-                marked[s] = True
-                dirty.append(s)
-            if not is_end:
-                if code == _F:
-                    heappush(ready_f[s], m)
-                    incoming_f[s].pop(0)
-                else:
-                    heappush(ready_i[s], m)
-                    incoming[s].pop(0)
-                continue
-            busy[s] = False
-            done[s] += 1
-            end_time = t
-            if code == _F:
-                if s < last:
-                    seq += 1
-                    heappush(events, (t + cd[s], seq, 0, s + 1, _F, m))
-                else:
-                    heappush(ready_i[s], m)
-            elif code == _I:
-                in_flight[s] -= 1
-                heappush(ready_w[s], m)
-                if s > 0:
-                    seq += 1
-                    heappush(events, (t + cd[s - 1], seq, 0, s - 1, _I, m))
-    if any(d != 3 * n for d in done):
-        return math.inf, None
-    if not record:
-        return end_time, None
-    kinds = ("F", "I", "W")
-    cache = {(c, m): Op(kinds[c], m) for c in range(3) for m in range(n)}
-    return end_time, tuple(tuple(cache[o] for o in order) for order in orders)
+# ---------------------------------------------------------------------------------------------
+# What a candidate is scored by
+# ---------------------------------------------------------------------------------------------
 
 
-Code = tuple[int, int]  # (kind code _F/_I/_W, microbatch)
+class _Objective:
+    """Scores candidates: the makespan under one link model, or the mean over delay scenarios.
+    Every generator run and every timing counts as one evaluation (``evaluations``)."""
+
+    def __init__(
+        self,
+        model: CostModel,
+        links: LinkModel | None,
+        depth: int | None,
+        scenarios: Sequence[Sequence[float]] | None,
+        plan_vectors: Sequence[Sequence[float]],
+    ) -> None:
+        self.model = model
+        self.links = links
+        self.depth = depth
+        self.caps = tuple(model.budget(s) for s in range(model.stages))
+        self.plan_models = [model.with_delays(v) for v in plan_vectors]
+        self.static: list[tuple[tuple[float, ...], tuple[float, ...]]] | None
+        if scenarios is not None:
+            self.static = [(tuple(v), tuple(v)) for v in scenarios]
+        elif depth is None and (links is None or isinstance(links, StaticDelays)):
+            cf = model.delays if links is None else links.fwd
+            cb = model.delays if links is None else links.bwd
+            self.static = [(tuple(cf), tuple(cb))]  # type: ignore[arg-type]
+        else:
+            self.static = None
+        # One static vector equal to the planning delays: the generator's timeline is the score.
+        self.own_timeline = (
+            self.static is not None
+            and len(self.static) == 1
+            and self.static[0] == (model.delays, model.delays)
+            and len(self.plan_models) == 1
+            and self.plan_models[0].delays == model.delays
+        )
+        self.evaluations = 0
+
+    def knobs(self, k: Knobs, record: bool = False) -> tuple[tuple[float, float], list[list[Code]] | None]:
+        """Generate the schedule of ``k``: ((score, secondary), orders). With the generator's own
+        timeline the secondary is unknown (``inf``) and orders come only with ``record``."""
+        self.evaluations += 1
+        if self.own_timeline:
+            ms, codes = run_generator(self.model, k.warmup, k.limit, k.policy, record=record)
+            return (ms, math.inf), codes
+        _, codes = run_generator(self.plan_models[k.plan], k.warmup, k.limit, k.policy)
+        if codes is None:
+            return (math.inf, math.inf), None
+        return self._score(codes), codes
+
+    def orders(self, codes: Sequence[Sequence[Code]]) -> tuple[float, float]:
+        """(score, Σ stage finish times) of fixed orders; ``inf`` on deadlock."""
+        self.evaluations += 1
+        return self._score(codes)
+
+    def _score(self, codes: Sequence[Sequence[Code]]) -> tuple[float, float]:
+        if self.static is None:
+            tl = time_codes(self.model, codes, links=self.links, depth=self.depth)
+            return tl.makespan, _finish_sum(tl)
+        total = second = 0.0
+        for delays in self.static:
+            tl = time_codes(self.model, codes, delays=delays)
+            if tl.stuck is not None:
+                return math.inf, math.inf
+            total += tl.makespan
+            second += _finish_sum(tl)
+        k = len(self.static)
+        return total / k, second / k
+
+    def scored_timeline(self, codes: Sequence[Sequence[Code]], which: int) -> tuple[tuple[float, float], Timeline]:
+        """(score, secondary) and the detailed timeline under scenario ``which`` (cycled): one
+        evaluation."""
+        self.evaluations += 1
+        if self.static is None:
+            tl = time_codes(self.model, codes, links=self.links, depth=self.depth, detail=True)
+            return (tl.makespan, _finish_sum(tl)), tl
+        pick = which % len(self.static)
+        total = second = 0.0
+        chosen: Timeline | None = None
+        for k, delays in enumerate(self.static):
+            tl = time_codes(self.model, codes, delays=delays, detail=k == pick)
+            if tl.stuck is not None:
+                return (math.inf, math.inf), tl
+            if k == pick:
+                chosen = tl
+            total += tl.makespan
+            second += _finish_sum(tl)
+        assert chosen is not None
+        n = len(self.static)
+        return (total / n, second / n), chosen
+
+    def tail_delays(self, which: int) -> tuple[Sequence[float], Sequence[float]]:
+        """Static per-link delays (fwd, bwd) the move estimates assume (scenario ``which``)."""
+        if self.static is None:
+            return self.model.delays, self.model.delays
+        return self.static[which % len(self.static)]
 
 
-def _timeline(
-    model: CostModel, orders: Sequence[Sequence[Code]]
-) -> tuple[float, list[list[float]], list[list[float]]] | None:
-    """Run fixed orders as early as possible (static delays, non-blocking): (makespan, starts, ends),
-    or None on deadlock. Same semantics as ``simulate.makespan``; positions index the orders."""
-    s_count, n = model.stages, model.microbatches
-    last = s_count - 1
-    cd = model.delays
-    dur = (model.fwd, model.bwd, model.wgt)
-    arr_f: list[list[float]] = [[-1.0] * n for _ in range(s_count)]
-    arr_b: list[list[float]] = [[-1.0] * n for _ in range(s_count)]
-    arr_f[0] = [0.0] * n
-    starts = [[0.0] * len(o) for o in orders]
-    ends = [[0.0] * len(o) for o in orders]
-    pos = [0] * s_count
-    free = [0.0] * s_count
-    wait_f = [-1] * s_count
-    wait_b = [-1] * s_count
-    stack = list(range(last, -1, -1))
-    while stack:
-        s = stack.pop()
-        order = orders[s]
-        p = pos[s]
-        t = free[s]
-        st, en = starts[s], ends[s]
-        size = len(order)
-        while p < size:
-            c, m = order[p]
-            if c == _F:
-                r = arr_f[s][m]
-                if r < 0:
-                    wait_f[s] = m
-                    break
-            elif c == _I:
-                r = arr_b[s][m]
-                if r < 0:
-                    wait_b[s] = m
-                    break
-            else:
-                r = t
-            if r > t:
-                t = r
-            st[p] = t
-            t += dur[c][s]
-            en[p] = t
-            if c == _F:
-                if s < last:
-                    arr_f[s + 1][m] = t + cd[s]
-                    if wait_f[s + 1] == m:
-                        wait_f[s + 1] = -1
-                        stack.append(s + 1)
-                else:
-                    arr_b[s][m] = t
-            elif c == _I and s > 0:
-                arr_b[s - 1][m] = t + cd[s - 1]
-                if wait_b[s - 1] == m:
-                    wait_b[s - 1] = -1
-                    stack.append(s - 1)
-            p += 1
-        pos[s] = p
-        free[s] = t
-    if any(pos[s] < len(orders[s]) for s in range(s_count)):
-        return None
-    return max(free), starts, ends
+def _finish_sum(tl: Timeline) -> float:
+    return sum(e[-1] for e in tl.end if e) if tl.stuck is None else math.inf
+
+
+# ---------------------------------------------------------------------------------------------
+# Order moves (fixed orders)
+# ---------------------------------------------------------------------------------------------
 
 
 def _stage_ok(order: Sequence[Code], cap: int) -> bool:
@@ -290,12 +242,12 @@ def _stage_ok(order: Sequence[Code], cap: int) -> bool:
     seen_i: set[int] = set()
     live = 0
     for c, m in order:
-        if c == _F:
+        if c == OP_F:
             live += 1
             if live > cap:
                 return False
             seen_f.add(m)
-        elif c == _I:
+        elif c == OP_I:
             if m not in seen_f:
                 return False
             live -= 1
@@ -305,64 +257,37 @@ def _stage_ok(order: Sequence[Code], cap: int) -> bool:
     return True
 
 
-def _critical_blocks(
-    model: CostModel, orders: Sequence[Sequence[Code]], starts: list[list[float]], ends: list[list[float]]
-) -> list[tuple[int, int, int]]:
+def _critical_blocks(codes: Sequence[Sequence[Code]], tl: Timeline) -> list[tuple[int, int, int]]:
     """Blocks (stage, first, last position) of back-to-back ops on one critical path (job-shop
-    style): only reordering inside such a block can shorten that path."""
-    s_count = model.stages
-    last = s_count - 1
-    cd = model.delays
-    index: list[dict[Code, int]] = [{op: p for p, op in enumerate(o)} for o in orders]
-    s, p = max(((s, len(o) - 1) for s, o in enumerate(orders) if o), key=lambda sp: ends[sp[0]][sp[1]])
+    style): only reordering inside such a block can shorten that path. An op that did not start
+    right after its stage's previous op (and its send) started when its input arrived, so the
+    path continues at the op that produced the input."""
+    assert tl.blocked is not None
+    last = len(codes) - 1
+    index: list[dict[Code, int]] = [{op: p for p, op in enumerate(o)} for o in codes]
+    s, p = max(((s, len(o) - 1) for s, o in enumerate(codes) if o), key=lambda sp: tl.end[sp[0]][sp[1]])
     blocks: list[tuple[int, int, int]] = []
     block_end = p
-    eps = 1e-9
     while True:
-        t = starts[s][p]
-        c, m = orders[s][p]
-        # Dependency-ready time and the op it comes from.
-        dep: tuple[int, int] | None = None
-        if c == _F and s > 0:
-            q = index[s - 1][(_F, m)]
-            if abs(ends[s - 1][q] + cd[s - 1] - t) <= eps * max(1.0, t):
-                dep = (s - 1, q)
-        elif c == _I:
-            if s < last:
-                q = index[s + 1][(_I, m)]
-                if abs(ends[s + 1][q] + cd[s] - t) <= eps * max(1.0, t):
-                    dep = (s + 1, q)
-            if dep is None:
-                q = index[s][(_F, m)]
-                if abs(ends[s][q] - t) <= eps * max(1.0, t) and (p == 0 or q != p - 1):
-                    dep = (s, q)
-        elif c == _W:
-            q = index[s][(_I, m)]
-            if abs(ends[s][q] - t) <= eps * max(1.0, t) and (p == 0 or q != p - 1):
-                dep = (s, q)
-        machine = p > 0 and abs(ends[s][p - 1] - t) <= eps * max(1.0, t)
-        if machine:
+        t = tl.start[s][p]
+        if p > 0 and abs(tl.end[s][p - 1] + tl.blocked[s][p - 1] - t) <= _EPS * max(1.0, t):
             p -= 1
             continue
         if block_end > p:
             blocks.append((s, p, block_end))
-        if dep is None or t <= 0:
+        c, m = codes[s][p]
+        if t <= _EPS or c == OP_W:
             break
-        s, p = dep
+        if c == OP_F:
+            if s == 0:
+                break
+            s, p = s - 1, index[s - 1][(OP_F, m)]
+        elif s < last:
+            s, p = s + 1, index[s + 1][(OP_I, m)]
+        else:
+            p = index[s][(OP_F, m)]
         block_end = p
     return blocks
-
-
-def _block_moves(blocks: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """(stage, from, to) insertions: the last op of a block to any earlier slot in it, the first
-    op to any later slot (the classic N5/insertion neighbourhood)."""
-    moves: list[tuple[int, int, int]] = []
-    for s, a, b in blocks:
-        for q in range(b - 1, a - 1, -1):
-            moves.append((s, b, q))
-        for q in range(a + 1, b + 1):
-            moves.append((s, a, q))
-    return moves
 
 
 def _move(order: Sequence[Code], i: int, j: int) -> list[Code]:
@@ -372,54 +297,163 @@ def _move(order: Sequence[Code], i: int, j: int) -> list[Code]:
     return out
 
 
-def _better(ms: float, sec: float, best_ms: float, best_sec: float) -> bool:
-    """Lexicographic (makespan, secondary) comparison with a float tolerance."""
-    if ms < best_ms - 1e-9:
+def _better(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Lexicographic (score, secondary) comparison with a float tolerance (``inf`` = unknown)."""
+    tol = _EPS * max(1.0, abs(b[0])) if math.isfinite(b[0]) else 0.0
+    if a[0] < b[0] - tol:
         return True
-    return ms <= best_ms + 1e-9 and sec < best_sec - 1e-9
+    if a[0] > b[0] + tol or not math.isfinite(a[1]):
+        return False
+    return not math.isfinite(b[1]) or a[1] < b[1] - _EPS * max(1.0, abs(b[1]))
 
 
-def _secondary(ends: list[list[float]]) -> float:
-    """Tie-breaker between equal makespans: the sum of the stages' finish times."""
-    return sum(e[-1] for e in ends if e)
+# ---------------------------------------------------------------------------------------------
+# Search state and the two workers
+# ---------------------------------------------------------------------------------------------
 
 
-def _descend(
-    model: CostModel, cur: list[list[Code]], caps: Sequence[int], max_evaluations: int
-) -> tuple[float, float, list[list[Code]], int] | None:
-    """First-improvement descent over critical-block insertions; None if ``cur`` deadlocks."""
-    res = _timeline(model, cur)
-    if res is None:
-        return None
-    cur_ms, starts, ends = res
-    cur_sec = _secondary(ends)
-    used = 1
-    while used < max_evaluations:
-        improved = False
-        for s, i, j in _block_moves(_critical_blocks(model, cur, starts, ends)):
-            if used >= max_evaluations:
-                break
-            cand = _move(cur[s], i, j)
-            if not _stage_ok(cand, caps[s]):
-                continue
-            trial = cur[:]
-            trial[s] = cand
-            used += 1
-            res = _timeline(model, trial)
-            if res is None or res[0] > cur_ms + 1e-9:
-                continue
-            sec = _secondary(res[2])
-            # Lexicographic (makespan, sum of stage finish times): plateau moves that free a stage
-            # earlier are taken too, and the strict decrease rules out cycles.
-            if res[0] < cur_ms - 1e-9 or sec < cur_sec - 1e-9:
-                cur = trial
-                cur_ms, starts, ends = res
-                cur_sec = sec
-                improved = True
-                break
-        if not improved:
+class _State:
+    """Best schedule so far (shared by the workers) and the knob memo."""
+
+    def __init__(self, objective: _Objective) -> None:
+        self.obj = objective
+        self.best: tuple[float, float] = (math.inf, math.inf)
+        self.best_codes: list[list[Code]] | None = None
+        self.best_knobs: Knobs | None = None
+        self.best_by = ""
+        self.outside = 0  # bumped when the best comes from anything but the order worker
+        self.memo: dict[Knobs, float] = {}
+
+    def offer(self, score: tuple[float, float], codes: list[list[Code]] | None, knobs: Knobs | None, by: str) -> None:
+        """Take ``score`` as the new best if it is better (orders regenerated from knobs if needed)."""
+        if not _better(score, self.best):
+            return
+        if codes is None:
+            assert knobs is not None
+            _, codes = self.obj.knobs(knobs, record=True)
+            self.obj.evaluations -= 1  # regenerating a schedule already scored is not a new evaluation
+            assert codes is not None
+            score = (score[0], self.obj._score(codes)[1])
+        self.best, self.best_codes, self.best_knobs, self.best_by = score, codes, knobs, by
+        if by != "orders":
+            self.outside += 1
+
+    def eval_knobs(self, k: Knobs, by: str) -> float:
+        """Score of knobs ``k`` (memoised), offered as a new best."""
+        if k in self.memo:
+            return self.memo[k]
+        score, codes = self.obj.knobs(k)
+        self.memo[k] = score[0]
+        if math.isfinite(score[0]):
+            self.offer(score, codes, k, by)
+        return score[0]
+
+
+def _rank(k: Knobs, ms: float) -> tuple[float, int, int, int, int]:
+    """Knob order: makespan, then less memory, smaller warm-up, fewer policy bits, plan index."""
+    return (round(ms, 6), sum(k.limit), sum(k.warmup), sum(k.policy), k.plan)
+
+
+def _neighbours(k: Knobs, caps: Sequence[int], plans: int) -> list[Knobs]:
+    """±1 moves in a fixed order: link slackness Δ_i (x_0..x_i together), one x_i, one cap,
+    policy bit flips, the planning vector."""
+    x, lim, pol = list(k.warmup), list(k.limit), list(k.policy)
+    S = len(x)
+    out: list[Knobs] = []
+
+    def add(nx: Sequence[int], nl: Sequence[int]) -> None:
+        nx_t = tuple(nx)
+        if any(not 1 <= v <= c for v, c in zip(nx_t, caps)):
+            return
+        if any(nx_t[i] < nx_t[i + 1] for i in range(S - 1)):
+            return
+        nl_t = tuple(max(a, min(b, c)) for a, b, c in zip(nx_t, nl, caps))
+        out.append(Knobs(nx_t, nl_t, k.policy, k.plan))
+
+    for i in range(S - 1):  # slackness of link i: x_0..x_i move together
+        for d in (1, -1):
+            add([v + d if j <= i else v for j, v in enumerate(x)], [v + d if j <= i else v for j, v in enumerate(lim)])
+    for i in range(S):
+        for d in (1, -1):
+            nx = x[:]
+            nx[i] += d
+            nl = lim[:]
+            if nl[i] == x[i]:
+                nl[i] += d
+            add(nx, nl)
+    for i in range(S):
+        for d in (1, -1):
+            nl = lim[:]
+            nl[i] += d
+            if x[i] <= nl[i] <= caps[i]:
+                out.append(Knobs(k.warmup, tuple(nl), k.policy, k.plan))
+    for i in range(S):
+        for bit in POLICY_BITS:
+            np_ = pol[:]
+            np_[i] ^= bit
+            out.append(Knobs(k.warmup, k.limit, tuple(np_), k.plan))
+    for d in (1, -1):
+        if 0 <= k.plan + d < plans:
+            out.append(Knobs(k.warmup, k.limit, k.policy, k.plan + d))
+    return out
+
+
+def _kick(k: Knobs, caps: Sequence[int], plans: int, rng: random.Random) -> Knobs:
+    """A random jump from ``k``: a few random neighbour moves (for restarts once seeds run out)."""
+    for _ in range(2 + rng.randrange(3)):
+        nbs = _neighbours(k, caps, plans)
+        if not nbs:
             break
-    return cur_ms, cur_sec, cur, used
+        k = nbs[rng.randrange(len(nbs))]
+    return k
+
+
+_IDLE_KICKS = 64
+"""The knob worker stops after this many kicks in a row that land only on known knobs."""
+
+
+def _knob_worker(state: _State, fresh: Sequence[Knobs], seeded: Sequence[Knobs]) -> Iterator[None]:
+    """Evaluate ``fresh`` starts, then hill-climb the knobs (first improvement, memoised) from every
+    start in rank order, then from seeded kicks of the best local optimum. Yields after each new
+    evaluation."""
+    obj = state.obj
+    plans = len(obj.plan_models)
+    for k in fresh:
+        state.eval_knobs(k, "knobs")
+        yield
+    queue = sorted([*seeded, *fresh], key=lambda k: _rank(k, state.memo[k]))
+    rng = random.Random(_RNG_SEED)
+    best_local: tuple[tuple[float, int, int, int, int], Knobs] | None = None
+    idle = 0
+    while True:
+        if queue:
+            cur = queue.pop(0)
+        elif best_local is not None and idle < _IDLE_KICKS:
+            cur = _kick(best_local[1], obj.caps, plans, rng)
+            if cur in state.memo:
+                idle += 1
+                continue
+            state.eval_knobs(cur, "knobs")
+            idle = 0
+            yield
+        else:
+            return
+        cur_rank = _rank(cur, state.memo[cur])
+        improved = True
+        while improved:
+            improved = False
+            for nb in _neighbours(cur, obj.caps, plans):
+                if nb in state.memo:
+                    continue
+                r = _rank(nb, state.eval_knobs(nb, "knobs"))
+                idle = 0
+                yield
+                if r < cur_rank:
+                    cur, cur_rank = nb, r
+                    improved = True
+                    break
+        if best_local is None or cur_rank < best_local[0]:
+            best_local = (cur_rank, cur)
 
 
 def _perturb(cur: list[list[Code]], caps: Sequence[int], rng: random.Random, swaps: int) -> list[list[Code]]:
@@ -442,67 +476,228 @@ def _perturb(cur: list[list[Code]], caps: Sequence[int], rng: random.Random, swa
     return out
 
 
-def _perturb_critical(
-    model: CostModel, cur: list[list[Code]], caps: Sequence[int], rng: random.Random, moves: int
-) -> list[list[Code]]:
-    """``moves`` random valid critical-block insertions (each on the then-current critical path)."""
-    out = [o[:] for o in cur]
-    for _ in range(moves):
-        res = _timeline(model, out)
-        if res is None:
-            break
-        cands = _block_moves(_critical_blocks(model, out, res[1], res[2]))
-        rng.shuffle(cands)
-        for s, i, j in cands:
-            cand = _move(out[s], i, j)
-            if _stage_ok(cand, caps[s]):
-                out[s] = cand
-                break
-    return out
+# ---------------------------------------------------------------------------------------------
+# Tabu search on fixed orders (critical-block insertions ranked by a head/tail estimate)
+# ---------------------------------------------------------------------------------------------
 
 
-def polish(
-    model: CostModel, orders: Sequence[Sequence[Op]], max_evaluations: int, *, seed: int = 0
-) -> tuple[float, tuple[Order, ...], int]:
-    """Improve fixed orders under static non-blocking links and the memory budget: descent over
-    critical-block insertions, then iterated local search (seeded random valid swaps + descent,
-    keep the best) while evaluations remain. Returns (makespan, orders, evaluations used)."""
-    code = {"F": _F, "I": _I, "W": _W}
-    start = [[(code[op.kind], op.mb) for op in o] for o in orders]
-    caps = [model.budget(s) for s in range(model.stages)]
-    first = _descend(model, start, caps, max_evaluations)
-    if first is None:
-        raise ValueError("polish: the given orders deadlock")
-    best_ms, best_sec, best, used = first
-    cur_ms, cur = best_ms, best
-    rng = random.Random(seed)
-    while used < max_evaluations:
-        base = cur if ACCEPT_EQUAL else best
-        if PERTURB == "critical" or (PERTURB == "mixed" and rng.random() < 0.5):
-            trial = _perturb_critical(model, base, caps, rng, 1 + rng.randrange(2))
-        else:
-            trial = _perturb(base, caps, rng, 1 + rng.randrange(3))
-        res = _descend(model, trial, caps, max_evaluations - used)
-        used += 1 if res is None else res[3]
-        if res is None:
-            continue
-        if res[0] <= cur_ms + 1e-9:  # walk across plateaus (not-worse acceptance)
-            cur_ms, cur = res[0], res[2]
-        if _better(res[0], res[1], best_ms, best_sec):
-            best_ms, best_sec, best = res[0], res[1], res[2]
-    kinds = ("F", "I", "W")
-    return best_ms, tuple(tuple(Op(kinds[c], m) for c, m in o) for o in best), used
+def _durations_of(model: CostModel, codes: Sequence[Sequence[Code]]) -> list[list[float]]:
+    table = [(model.fwd[s], model.bwd[s], model.wgt[s], model.bwd[s] + model.wgt[s]) for s in range(model.stages)]
+    return [[table[s][c] for c, _ in order] for s, order in enumerate(codes)]
 
 
-def default_budget_ms(model: CostModel) -> float:
-    """Time budget when none is given: 40 ms for small pipelines, growing with S·N up to 600 ms
-    (S=8, N=32 -> 40 ms; S=32, N=256 -> 600 ms)."""
-    ops = 3 * model.stages * model.microbatches
-    return float(min(600.0, max(40.0, 0.025 * ops)))
+def _tails(
+    codes: Sequence[Sequence[Code]],
+    dur: Sequence[Sequence[float]],
+    delays: tuple[Sequence[float], Sequence[float]],
+    microbatches: int,
+) -> tuple[list[list[float]], list[list[float]]]:
+    """Per op: q = the longest path from its start to the end of the schedule (its duration
+    included), and qj = the part of it through its message successor (delay + successor's q; 0
+    for W and at the ends of the pipeline). Static non-blocking delays. The mirror image of
+    :func:`simulate.time_codes`: each stage's order is walked backwards, waiting where a message
+    successor's q is not known yet."""
+    cf, cb = delays
+    S = len(codes)
+    last = S - 1
+    q = [[0.0] * len(o) for o in codes]
+    qj = [[0.0] * len(o) for o in codes]
+    q_f = [[-1.0] * microbatches for _ in range(S)]
+    q_i = [[-1.0] * microbatches for _ in range(S)]
+    wait_f = [-1] * S
+    wait_i = [-1] * S
+    pos = [len(o) - 1 for o in codes]
+    stack = list(range(S))
+    while stack:
+        s = stack.pop()
+        order, d, qs, qjs = codes[s], dur[s], q[s], qj[s]
+        p = pos[s]
+        nxt = qs[p + 1] if p + 1 < len(order) else 0.0
+        while p >= 0:
+            c, m = order[p]
+            if c == OP_F:
+                if s < last:
+                    r = q_f[s + 1][m]
+                    if r < 0:
+                        wait_f[s] = m
+                        break
+                    j = cf[s] + r
+                else:
+                    j = 0.0
+            elif c == OP_I and s > 0:
+                r = q_i[s - 1][m]
+                if r < 0:
+                    wait_i[s] = m
+                    break
+                j = cb[s - 1] + r
+            else:
+                j = 0.0
+            nxt = d[p] + (j if j > nxt else nxt)
+            qs[p] = nxt
+            qjs[p] = j
+            if c == OP_F:
+                q_f[s][m] = nxt
+                if s > 0 and wait_f[s - 1] == m:
+                    wait_f[s - 1] = -1
+                    stack.append(s - 1)
+            elif c == OP_I:
+                q_i[s][m] = nxt
+                if s < last and wait_i[s + 1] == m:
+                    wait_i[s + 1] = -1
+                    stack.append(s + 1)
+            p -= 1
+        pos[s] = p
+    return q, qj
 
 
-def _caps(model: CostModel) -> tuple[int, ...]:
-    return tuple(model.budget(s) for s in range(model.stages))
+def _insertion_ok(order: Sequence[Code], i: int, j: int, live: Sequence[int], cap: int) -> bool:
+    """Can the op at ``i`` move to ``j``: it passes no op of its own microbatch (F < I < W), and
+    the in-flight count (``live[p]`` after position p) stays within ``cap``."""
+    c, m = order[i]
+    lo, hi = (j, i - 1) if j < i else (i + 1, j)
+    for k in range(lo, hi + 1):
+        if order[k][1] == m:
+            return False
+    if c == OP_F and j < i:  # one more in flight from j on, until the old position
+        base = live[j - 1] if j > 0 else 0
+        return max(base, max(live[j:i])) + 1 <= cap
+    if c == OP_I and j > i:  # one more in flight between the old and the new position
+        return max(live[i + 1 : j + 1]) + 1 <= cap
+    return True
+
+
+def _estimate(
+    s: int,
+    i: int,
+    j: int,
+    tl: Timeline,
+    dur: Sequence[Sequence[float]],
+    q: Sequence[Sequence[float]],
+    qj: Sequence[Sequence[float]],
+) -> float:
+    """Makespan estimate after moving the op at ``i`` to ``j`` on stage ``s``: the longest path
+    through the reordered range, from the new heads (release = input arrival, or the previous op)
+    and new tails (message successor, or the next op) of its ops."""
+    lo, hi = (j, i) if j < i else (i, j)
+    idx = list(range(lo, hi + 1))
+    idx.remove(i)
+    idx.insert(j - lo, i)
+    rel, d, qjs = tl.ready[s], dur[s], qj[s]  # type: ignore[index]
+    t = tl.end[s][lo - 1] if lo > 0 else 0.0
+    heads = []
+    for k in idx:
+        r = rel[k]
+        if r > t:
+            t = r
+        heads.append(t)
+        t += d[k]
+    n = len(q[s])
+    tail = q[s][hi + 1] if hi + 1 < n else 0.0
+    best = 0.0
+    for pos in range(len(idx) - 1, -1, -1):
+        k = idx[pos]
+        a = qjs[k]
+        tail = d[k] + (a if a > tail else tail)
+        v = heads[pos] + tail
+        if v > best:
+            best = v
+    return best
+
+
+def _block_insertions(a: int, b: int) -> list[tuple[int, int]]:
+    """(from, to) moves of a critical block [a, b] (the N7-style neighbourhood): its last op to
+    the nearer earlier slots, its first op to the nearer later slots, and every interior op to
+    the block's first or last slot (all within ``_TABU_REACH`` positions)."""
+    moves = [(b, j) for j in range(b - 1, max(a, b - _TABU_REACH) - 1, -1)]
+    moves += [(a, j) for j in range(a + 1, min(b, a + _TABU_REACH) + 1)]
+    for k in range(a + 1, min(b, a + _TABU_REACH + 1)):
+        moves.append((k, a))
+    for k in range(max(a + 1, b - _TABU_REACH), b):
+        moves.append((k, b))
+    return moves
+
+
+_TABU_TENURE = 8
+_TABU_STALL = 150
+_TABU_REACH = 12
+
+
+def _tabu_worker(state: _State) -> Iterator[None]:
+    """Tabu search on fixed orders from the best schedule so far. Each step ranks the insertions
+    inside the critical blocks by :func:`_estimate`, takes the best one whose op was not moved in
+    the last few steps (or any move whose estimate beats the best), and evaluates it exactly.
+    After a run of steps without a new best it restarts from the best with a seeded perturbation;
+    it restarts from the global best whenever the knob worker improves it. Yields per evaluation."""
+    obj = state.obj
+    model = obj.model
+    rng = random.Random(_RNG_SEED + 2)
+    turn = 0
+    while state.best_codes is not None:
+        outside = state.outside
+        cur = [o[:] for o in state.best_codes]
+        score, tl = obj.scored_timeline(cur, turn)
+        yield
+        own_best = score
+        own_codes = cur
+        stall = 0
+        step = 0
+        tabu: dict[tuple[int, Code], int] = {}
+        while state.outside == outside:
+            step += 1
+            if tl.stuck is not None or stall >= _TABU_STALL:
+                cur = _perturb(own_codes, obj.caps, rng, 2 + rng.randrange(4))
+                turn += 1
+                score, tl = obj.scored_timeline(cur, turn)
+                state.offer(score, cur, None, "orders")
+                stall = 0
+                tabu.clear()
+                yield
+                continue
+            dur = _durations_of(model, cur)
+            q, qj = _tails(cur, dur, obj.tail_delays(turn), model.microbatches)
+            cands = []
+            lives: dict[int, list[int]] = {}
+            for s, a, b in _critical_blocks(cur, tl):
+                order = cur[s]
+                if s not in lives:
+                    acc, row = 0, []
+                    for c, _ in order:
+                        acc += 1 if c == OP_F else -1 if c == OP_I else 0
+                        row.append(acc)
+                    lives[s] = row
+                for i, j in _block_insertions(a, b):
+                    if _insertion_ok(order, i, j, lives[s], obj.caps[s]):
+                        cands.append((_estimate(s, i, j, tl, dur, q, qj), s, i, j))
+            cands.sort()
+            chosen = None
+            for est, s, i, j in cands:
+                if tabu.get((s, cur[s][i]), -1) < step or est < own_best[0] - _EPS * max(1.0, own_best[0]):
+                    chosen = (s, i, j)
+                    break
+            if chosen is None:
+                stall = _TABU_STALL
+                continue
+            s, i, j = chosen
+            op = cur[s][i]
+            trial = cur[:]
+            trial[s] = _move(cur[s], i, j)
+            res, ttl = obj.scored_timeline(trial, turn)
+            tabu[(s, op)] = step + _TABU_TENURE + rng.randrange(4)
+            yield
+            if not math.isfinite(res[0]):
+                continue
+            state.offer(res, trial, None, "orders")
+            cur, score, tl = trial, res, ttl
+            if _better(res, own_best):
+                own_best, own_codes = res, trial
+                stall = 0
+            else:
+                stall += 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Seeds and the driver
+# ---------------------------------------------------------------------------------------------
 
 
 def _normalise(vec: Sequence[int], caps: Sequence[int]) -> tuple[int, ...]:
@@ -513,85 +708,58 @@ def _normalise(vec: Sequence[int], caps: Sequence[int]) -> tuple[int, ...]:
     return tuple(x)
 
 
-def _seed_vectors(model: CostModel, extra: Sequence[Sequence[int]] | None) -> list[tuple[str, tuple[int, ...]]]:
-    from .slackness import adapted_warmup, initial_warmup
+def _knob_seeds(
+    objective: _Objective, extra: Sequence[Sequence[int]] | None
+) -> tuple[list[tuple[str, Knobs]], list[tuple[str, Knobs]]]:
+    """(always evaluated, evaluated first by the knob worker) generator seeds, by name."""
 
+    model = objective.model
     S, N = model.stages, model.microbatches
-    caps = _caps(model)
-    raw: list[tuple[str, Sequence[int]]] = []
-    try:
-        raw.append(("alg2", adapted_warmup(model)))
-    except ValueError:
-        pass
-    raw.append(("alg1", initial_warmup(S, N, list(caps))))
-    raw.append(("zb-h1", [S - i for i in range(S)]))
-    raw.append(("zb-h2", [2 * (S - i) - 1 for i in range(S)]))
-    raw.append(("min", [1] * S))
+    caps = objective.caps
+    must: list[tuple[str, Sequence[int], bool, int]] = []
+    for plan, plan_model in enumerate(objective.plan_models):
+        must.append(
+            ("pipemorph" + ("" if plan == 0 else f"@plan{plan}"), warmup_for("pipemorph", plan_model), False, plan)
+        )
+    must.append(("greedy x=1 limit=M", [1] * S, True, 0))
     for k, vec in enumerate(extra or ()):
         if len(vec) != S:
             raise ValueError(f"seed {k} needs {S} warm-up counts (one per stage), got {len(vec)}")
-        raw.append((f"seed{k}", vec))
-    out: list[tuple[str, tuple[int, ...]]] = []
-    seen: set[tuple[int, ...]] = set()
-    for name, vec in raw:
-        x = _normalise(vec, caps)
-        if x not in seen:
-            seen.add(x)
-            out.append((name, x))
+        must.append((f"seed{k}", vec, False, 0))
+    rest: list[tuple[str, Sequence[int], bool, int]] = []
+    for plan, plan_model in enumerate(objective.plan_models):
+        try:
+            rest.append(("alg2" + ("" if plan == 0 else f"@plan{plan}"), adapted_warmup(plan_model), False, plan))
+        except ValueError:
+            pass
+    rest.append(("alg1", initial_warmup(S, N, list(caps)), False, 0))
+    rest.append(("zb-h1 x", [S - i for i in range(S)], False, 0))
+    rest.append(("zb-h2 x", [2 * (S - i) - 1 for i in range(S)], False, 0))
+    rest.append(("x=1", [1] * S, False, 0))
+    rest += [(name + " limit=M", vec, True, plan) for name, vec, full, plan in rest + must if not full]
+    seen: set[Knobs] = set()
+    zero = (0,) * S
+    out: tuple[list[tuple[str, Knobs]], list[tuple[str, Knobs]]] = ([], [])
+    for group, raw in zip(out, (must, rest)):
+        for name, vec, full, plan in raw:
+            x = _normalise(vec, caps)
+            k = Knobs(x, caps if full else x, zero, plan)
+            if k not in seen:
+                seen.add(k)
+                group.append((name, k))
     return out
 
 
-def _neighbours(k: Knobs, caps: Sequence[int]) -> list[Knobs]:
-    """±1 moves in a fixed order (``NEIGHBOUR_ORDER``): policy bits, caps, link slackness, x_i."""
-    x, lim, pol = list(k.warmup), list(k.limit), list(k.policy)
-    S = len(x)
-    groups: dict[str, list[Knobs]] = {"link": [], "x": [], "lim": [], "pol": []}
-
-    def add(group: str, nx: Sequence[int], nl: Sequence[int], np_: Sequence[int]) -> None:
-        nx_t = tuple(nx)
-        if any(not 1 <= v <= c for v, c in zip(nx_t, caps)):
-            return
-        if any(nx_t[i] < nx_t[i + 1] for i in range(S - 1)):
-            return
-        nl_t = tuple(max(a, min(b, c)) for a, b, c in zip(nx_t, nl, caps))
-        groups[group].append(Knobs(nx_t, nl_t, tuple(np_)))
-
-    for i in range(S - 1):  # slackness of link i: x_0..x_i move together
-        for d in (1, -1):
-            add(
-                "link",
-                [v + d if j <= i else v for j, v in enumerate(x)],
-                [v + d if j <= i else v for j, v in enumerate(lim)],
-                pol,
-            )
-    for i in range(S):
-        for d in (1, -1):
-            nx = x[:]
-            nx[i] += d
-            nl = lim[:]
-            if nl[i] == x[i]:
-                nl[i] += d
-            add("x", nx, nl, pol)
-    for i in range(S):
-        for d in (1, -1):
-            nl = lim[:]
-            nl[i] += d
-            if x[i] <= nl[i] <= caps[i]:
-                groups["lim"].append(Knobs(k.warmup, tuple(nl), k.policy))
-    for i in range(S):
-        for bit in POLICY_BITS:
-            np_ = pol[:]
-            np_[i] ^= bit
-            groups["pol"].append(Knobs(k.warmup, k.limit, tuple(np_)))
-    return [nb for g in NEIGHBOUR_ORDER for nb in groups[g]]
-
-
-def _is_static(model: CostModel, links: LinkModel | None, depth: int | None) -> bool:
-    if depth is not None:
-        return False
-    if links is None:
-        return True
-    return isinstance(links, StaticDelays) and links.fwd == model.delays and links.bwd == model.delays
+def _baseline_seeds(objective: _Objective) -> list[tuple[str, list[list[Code]]]]:
+    """The baseline builders' plans (under the planning delays) whose warm-up fits the budget."""
+    out = []
+    for name in ("1f1b", "zb-h1", "zb-h2", "gpipe"):
+        try:
+            plan = build_plain(name, objective.plan_models[0])
+        except ValueError:  # the warm-up needs more than the memory budget
+            continue
+        out.append((name, to_codes(split_fused(plan.orders))))
+    return out
 
 
 def search_detailed(
@@ -599,142 +767,83 @@ def search_detailed(
     *,
     links: LinkModel | None = None,
     depth: int | None = None,
+    iterations: int | None = None,
     time_budget_ms: float | None = None,
     seeds: Sequence[Sequence[int]] | None = None,
-    max_evaluations: int | None = None,
+    scenarios: Sequence[Sequence[float]] | None = None,
+    plan_vectors: Sequence[Sequence[float]] | None = None,
+    extra_orders: Sequence[tuple[str, Sequence[Sequence[Op]]]] | None = None,
 ) -> SearchResult:
-    """:func:`search` with the makespan, the knobs and the per-seed makespans."""
+    """:func:`search` with the score, the knobs, the per-seed scores and the iterations run.
+
+    ``scenarios``: static per-link delay vectors; the score is then the mean makespan over them
+    (non-blocking links; :mod:`robust`). ``plan_vectors``: the delay vectors the generator may plan
+    against (default: ``model.delays`` only). ``extra_orders``: named fixed orders (split backward,
+    within the memory budget) evaluated as seeds.
+    """
+    if iterations is not None and (isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 0):
+        raise ValueError(f"iterations must be an integer >= 0 (or None for the size-based default), got {iterations!r}")
     if time_budget_ms is not None and not time_budget_ms > 0:
-        raise ValueError(f"time_budget_ms must be > 0 ms (or None for the size-based default), got {time_budget_ms}")
+        raise ValueError(f"time_budget_ms must be > 0 ms (or None for no cap), got {time_budget_ms}")
     if any(math.isinf(c) for c in model.delays):
         raise ValueError("search: a link delay is inf (link down); replan around the link first")
-    S, N = model.stages, model.microbatches
-    caps = _caps(model)
-    ops = 3 * S * N
-    budget_ms = default_budget_ms(model) if time_budget_ms is None else float(time_budget_ms)
-    static = _is_static(model, links, depth)
-    eval_us = ops * (KERNEL_US_PER_OP if static else SIMULATE_US_PER_OP)
-    if max_evaluations is not None:  # explicit count (tests): knob evaluations + polish evaluations
-        budget = int(max_evaluations)
-        knob_budget = budget // 2 if static else budget
-        polish_budget = budget - knob_budget
-    else:
-        budget_us = budget_ms * 1000.0
-        knob_share = KNOB_SHARE if static else 1.0
-        knob_budget = max(1, int(budget_us * knob_share / eval_us))
-        polish_budget = int(budget_us * (1.0 - knob_share) / (ops * TIMELINE_US_PER_OP))
-        budget = knob_budget + polish_budget
+    if scenarios is not None and (links is not None or depth is not None):
+        raise ValueError("search: scenarios are static non-blocking delay vectors; they exclude links= and depth=")
+    t_start = time.perf_counter()
+    budget = default_iterations(model) if iterations is None else iterations
+    vectors = [model.delays] if plan_vectors is None else [tuple(float(c) for c in v) for v in plan_vectors]
+    objective = _Objective(model, links, depth, scenarios, vectors)
+    state = _State(objective)
 
-    score: Callable[[Knobs], float]
-    if static:
-
-        def score(k: Knobs) -> float:
-            return run_knobs(model, k, record=False)[0]
-    else:
-        from .simulate import DeadlockError, makespan
-
-        def score(k: Knobs) -> float:
-            _, orders = run_knobs(model, k)
-            if orders is None:
-                return math.inf
-            try:
-                return makespan(model, orders, links=links, depth=depth)
-            except DeadlockError:
-                return math.inf
-
-    memo: dict[tuple[tuple[int, ...], ...], float] = {}
-
-    def rank(k: Knobs, ms: float) -> tuple[float, int, int, int]:
-        return (round(ms, 6), sum(k.limit), sum(k.warmup), sum(k.policy))
-
-    def evaluate(k: Knobs) -> float:
-        key = k.key()
-        if key not in memo:
-            memo[key] = score(k)
-        return memo[key]
-
-    seed_list = _seed_vectors(model, seeds)
-    zero = (0,) * S
-    seed_ms: dict[str, float] = {}
-    ranked: list[tuple[tuple[float, int, int, int], int, Knobs]] = []
-    for name, x in seed_list:  # always evaluated: the result is never worse than a seed
-        k = Knobs(x, x, zero)
-        ms = evaluate(k)
-        seed_ms[name] = ms
-        ranked.append((rank(k, ms), len(ranked), k))
-    ranked.sort()
-    # The other uniform policies on the seeds, best seeds first, while the knob budget lasts.
-    by_rank = [k.warmup for _, _, k in ranked]
-    for pol_bits in _UNIFORM_POLICIES[1:]:
-        for x in by_rank:
-            if len(memo) >= knob_budget:
-                break
-            k = Knobs(x, x, (pol_bits,) * S)
-            ranked.append((rank(k, evaluate(k)), len(ranked), k))
-    ranked.sort()
-    best_rank, _, best = ranked[0]
-    # Hill-climb (first improvement, memoised, deterministic order) from the best start, then from
-    # the next-best starts while evaluations remain.
-    optima: list[tuple[tuple[float, int, int, int], int, Knobs]] = [(ranked[0][0], 0, ranked[0][2])]
-    for start_rank, _, start in ranked:
-        if len(memo) >= knob_budget:
+    seed_scores: dict[str, float] = {}
+    extra: list[tuple[str, list[list[Code]]]] = []
+    for name, orders in extra_orders or ():
+        validate_orders(model, orders)
+        extra.append((name, to_codes(orders)))
+    for name, codes in _baseline_seeds(objective) + extra:
+        score = objective.orders(codes)
+        seed_scores[name] = score[0]
+        state.offer(score, codes, None, name)
+    must, rest = _knob_seeds(objective, seeds)
+    for name, k in must:
+        seed_scores[name] = state.eval_knobs(k, name)
+    # The knob worker starts with the other seeds, then the uniform policies on all of them.
+    base = [k for _, k in must] + [k for _, k in rest]
+    fresh = [k for _, k in rest]
+    fresh += [Knobs(k.warmup, k.limit, (pol,) * model.stages, k.plan) for pol in _UNIFORM_POLICIES[1:] for k in base]
+    workers = [_knob_worker(state, fresh, [k for _, k in must]), _tabu_worker(state)]
+    used = 0
+    capped = False
+    deadline = None if time_budget_ms is None else t_start + time_budget_ms / 1000.0
+    turn = 0
+    while used < budget and workers:
+        if deadline is not None and time.perf_counter() > deadline:
+            capped = True
             break
-        cur, cur_rank = start, start_rank
-        improved = True
-        while improved and len(memo) < knob_budget:
-            improved = False
-            for nb in _neighbours(cur, caps):
-                if len(memo) >= knob_budget:
-                    break
-                if nb.key() in memo:
-                    continue
-                r = rank(nb, evaluate(nb))
-                if r < cur_rank:
-                    cur, cur_rank = nb, r
-                    improved = True
-                    break
-        optima.append((cur_rank, len(optima), cur))
-        if cur_rank < best_rank:
-            best, best_rank = cur, cur_rank
-    _, orders = run_knobs(model, best)
-    assert orders is not None
-    final_ms = memo[best.key()]
-    used = len(memo)
-    # Polishing gets its own share plus what the knob phase left (converted to re-timing cost),
-    # split over the best few distinct local optima of the knob phase.
-    polish_budget += int(max(0, knob_budget - used) * eval_us / (ops * TIMELINE_US_PER_OP))
-    if static and polish_budget > 0:
-        starts_k: list[Knobs] = []
-        for _, _, k in sorted(optima):
-            if k not in starts_k:
-                starts_k.append(k)
-            if len(starts_k) == POLISH_STARTS:
-                break
-        share = polish_budget // len(starts_k)
-        for k in starts_k:
-            _, k_orders = run_knobs(model, k)
-            assert k_orders is not None
-            pol_ms, pol_orders, pol_used = polish(model, k_orders, share)
-            used += pol_used
-            if pol_ms < final_ms - 1e-9:
-                final_ms, orders = pol_ms, pol_orders
+        worker = workers[_PATTERN[turn % len(_PATTERN)] % len(workers)]
+        before = objective.evaluations
+        try:
+            next(worker)
+        except StopIteration:
+            workers.remove(worker)
+            continue
+        used += objective.evaluations - before
+        turn += 1
+
+    assert state.best_codes is not None
+    orders = from_codes(state.best_codes)
     validate_orders(model, orders)
-    warmup = tuple(warmup_count(o) for o in orders)
-    plan = Plan(schedule="pipemorph", warmup=warmup, orders=orders, model=model)
-    return SearchResult(plan, final_ms, best, seed_ms, used, budget)
+    plan_model = model if scenarios is None else model.with_delays(vectors[0])
+    plan = Plan(schedule="pipemorph", warmup=tuple(warmup_count(o) for o in orders), orders=orders, model=plan_model)
+    return SearchResult(plan, state.best[0], state.best_knobs, seed_scores, used, capped, state.best_by)
 
 
-def search(
-    model: CostModel,
-    *,
-    links: LinkModel | None = None,
-    depth: int | None = None,
-    time_budget_ms: float | None = None,
-    seeds: Sequence[Sequence[int]] | None = None,
-) -> Plan:
-    """Best plan (lowest simulated makespan under ``links``/``depth``) within ``model.memory``.
+def search(model: CostModel, **options: Any) -> Plan:
+    """Best plan (lowest makespan under ``links``/``depth``, timed by :func:`simulate.time_codes`)
+    within ``model.memory``: :func:`search_detailed`'s plan, same options.
 
-    ``time_budget_ms`` (default: :func:`default_budget_ms`) is turned into a deterministic number
-    of candidate evaluations; ``seeds`` adds warm-up vectors to Alg. 1/Alg. 2/ZB-H1/ZB-H2.
+    ``iterations`` (default :func:`default_iterations`) fixes the work: the plan depends only on
+    the inputs and this count, and more iterations never give a worse plan. ``time_budget_ms``
+    caps the wall time (module docstring). ``seeds`` adds warm-up vectors to the built-in seeds.
     """
-    return search_detailed(model, links=links, depth=depth, time_budget_ms=time_budget_ms, seeds=seeds).plan
+    return search_detailed(model, **options).plan

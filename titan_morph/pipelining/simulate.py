@@ -1,11 +1,13 @@
-"""Executor-simulator: run FIXED per-stage orders under actual link delays (paper §3, Fig. 5).
+"""The planner's ONE timing routine: run FIXED per-stage orders under link delays (paper §3, Fig. 5).
 
 A plan is made for the delays it was planned with; at run time the delays are whatever the
 network does. This module answers "what happens to *these* orders under *those* delays": each
 op's start/end, the makespan, per-stage bubble rate and a critical-path explanation. It is the
 engine behind the paper's Fig. 5 numbers (ZB-H2 orders planned for no delay: 390 ms; executed
-with c_0 = 10 ms: 400 ms; c_0 = 20 ms: 440 ms) and behind the search's tight loop
-(:func:`makespan`).
+with c_0 = 10 ms: 400 ms; c_0 = 20 ms: 440 ms). :func:`time_codes` is the routine itself;
+:func:`simulate` (records, critical path) and :func:`makespan` wrap it, and the search, robust
+planning and the exact reference time orders with it too. Static, finite, non-blocking delays
+take an arithmetic branch of the same loop (tested against the link-queue branch).
 
 Execution semantics (shared with the emulator via :mod:`links`):
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from titan_morph.pipelining.links import LinkModel, LinkQueue, StaticDelays
 from titan_morph.pipelining.model import CostModel, Op, Order, validate_orders
@@ -157,6 +160,232 @@ def _deadlock(orders: Sequence[Sequence[Op]], pos: Sequence[int]) -> DeadlockErr
     return DeadlockError("pipeline orders deadlock: " + "; ".join(parts), stuck)
 
 
+# ---------------------------------------------------------------------------------------------
+# The timing routine: one pass over fixed orders, shared by simulate(), makespan(), the search's
+# order moves (search.py), robust planning (robust.py) and the exact reference (exact.py).
+# ---------------------------------------------------------------------------------------------
+
+OP_F, OP_I, OP_W, OP_B = 0, 1, 2, 3
+"""Op codes of :func:`time_codes` (``OP_B`` = fused I + W)."""
+CODES = {"F": OP_F, "I": OP_I, "W": OP_W, "B": OP_B}
+KIND_OF = ("F", "I", "W", "B")
+Code = tuple[int, int]
+"""One op as ``(code, microbatch)``: the compact form the search manipulates."""
+
+
+def to_codes(orders: Sequence[Sequence[Op]]) -> list[list[Code]]:
+    """Orders of :class:`Op` as lists of ``(code, microbatch)``."""
+    codes = CODES
+    return [[(codes[op.kind], op.mb) for op in order] for order in orders]
+
+
+def from_codes(codes: Sequence[Sequence[Code]]) -> tuple[Order, ...]:
+    """Inverse of :func:`to_codes`."""
+    kinds = KIND_OF
+    return tuple(tuple(Op(kinds[c], m) for c, m in order) for order in codes)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Raw result of :func:`time_codes`, indexed ``[stage][position in the order]`` (ms, local time).
+
+    ``makespan`` is ``inf`` and ``stuck`` lists each stage's next position when the orders deadlock.
+    ``ready`` (when the op's inputs were there) and ``blocked`` (send blocking after the op) are
+    filled only with ``detail=True``.
+    """
+
+    makespan: float
+    start: list[list[float]]
+    end: list[list[float]]
+    ready: list[list[float]] | None = None
+    blocked: list[list[float]] | None = None
+    stuck: tuple[int, ...] | None = None
+
+
+def _static_delays(
+    model: CostModel, links: LinkModel | None, depth: int | None
+) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """(fwd, bwd) per-link delays when the run is static, finite and non-blocking, else None."""
+    if depth is not None:
+        return None
+    if links is None:
+        cf = cb = model.delays
+    elif isinstance(links, StaticDelays):
+        cf, cb = links.fwd, links.bwd  # type: ignore[assignment]
+    else:
+        return None
+    if any(math.isinf(c) for c in cf) or any(math.isinf(c) for c in cb):  # type: ignore[union-attr]
+        return None  # the queue path raises LinkDownError with the link and the time
+    return cf, cb  # type: ignore[return-value]
+
+
+def time_codes(
+    model: CostModel,
+    codes: Sequence[Sequence[Code]],
+    *,
+    links: LinkModel | None = None,
+    delays: tuple[Sequence[float], Sequence[float]] | None = None,
+    depth: int | None = None,
+    step: int = 0,
+    t0: float = 0.0,
+    took: Sequence[Sequence[float]] | None = None,
+    detail: bool = False,
+) -> Timeline:
+    """Run fixed per-stage orders as early as possible: each op starts when its stage is free and
+    its input is there (module docstring). The ONE timing routine of the planner.
+
+    ``codes`` are trusted (each op once, F before I before W per stage: :func:`simulate` checks).
+    Delays: ``delays = (fwd, bwd)`` static per-link values (fastest), else ``links`` (default
+    ``StaticDelays(model.delays)``) looked up at ``t0 + t`` and ``step``. Static finite delays
+    without ``depth`` take an arithmetic branch (delivery = end + c); anything else sends through
+    one :class:`links.LinkQueue` per (link, direction). ``took[s][p]`` overrides the duration of
+    the op at position p of stage s. Deadlocks give ``makespan = inf`` and ``stuck``.
+    """
+    s_count, n = model.stages, model.microbatches
+    last = s_count - 1
+    if delays is None:
+        delays = _static_delays(model, links, depth)
+    qf: list[LinkQueue] | None = None
+    qb: list[LinkQueue] | None = None
+    if delays is None:
+        link_model = links if links is not None else StaticDelays(model.delays)
+        if link_model.num_links != last:
+            raise ValueError(f"links model has {link_model.num_links} links, the cost model {last}")
+        qf = [LinkQueue(link_model, link, "fwd", depth) for link in range(last)]
+        qb = [LinkQueue(link_model, link, "bwd", depth) for link in range(last)]
+        cf: Sequence[float] = ()
+        cb: Sequence[float] = ()
+    else:
+        cf, cb = delays
+    durs = [(model.fwd[s], model.bwd[s], model.wgt[s], model.bwd[s] + model.wgt[s]) for s in range(s_count)]
+    arr_f = [[-1.0] * n for _ in range(s_count)]  # delivery of F's input per microbatch
+    arr_b = [[-1.0] * n for _ in range(s_count)]  # delivery of I/B's gradient per microbatch
+    arr_f[0] = [0.0] * n
+    arr_b[last] = [0.0] * n  # the last stage's I/B needs only its own F, earlier in its order
+    starts = [[0.0] * len(o) for o in codes]
+    ends = [[0.0] * len(o) for o in codes]
+    ready_at = [[0.0] * len(o) for o in codes] if detail else None
+    blocked_at = [[0.0] * len(o) for o in codes] if detail else None
+    own_f = [[0.0] * n for _ in range(s_count)] if detail else None
+    own_i = [[0.0] * n for _ in range(s_count)] if detail else None
+    pos = [0] * s_count
+    free = [0.0] * s_count
+    wait_f = [-1] * s_count
+    wait_b = [-1] * s_count
+    stack = list(range(last, -1, -1))
+    while stack:
+        s = stack.pop()
+        order = codes[s]
+        p = pos[s]
+        t = free[s]
+        st, en, dur = starts[s], ends[s], durs[s]
+        tk = took[s] if took is not None else None
+        af, ab = arr_f[s], arr_b[s]
+        size = len(order)
+        while p < size:
+            c, m = order[p]
+            if c == 0:
+                r = af[m]
+                if r < 0:
+                    wait_f[s] = m
+                    break
+            elif c == 2:
+                r = t
+            else:
+                r = ab[m]
+                if r < 0:
+                    wait_b[s] = m
+                    break
+            if r > t:
+                t = r
+            st[p] = t
+            t += dur[c] if tk is None else tk[p]
+            en[p] = t
+            after = t
+            if c == 0:
+                if s < last:
+                    if qf is None:
+                        arr_f[s + 1][m] = t + cf[s]
+                    else:
+                        sent = qf[s].send(t0 + t, step)
+                        arr_f[s + 1][m] = sent.delivered - t0
+                        after = sent.accepted - t0
+                    if wait_f[s + 1] == m:
+                        wait_f[s + 1] = -1
+                        stack.append(s + 1)
+            elif c != 2 and s > 0:
+                if qb is None:
+                    arr_b[s - 1][m] = t + cb[s - 1]
+                else:
+                    sent = qb[s - 1].send(t0 + t, step)
+                    arr_b[s - 1][m] = sent.delivered - t0
+                    after = sent.accepted - t0
+                if wait_b[s - 1] == m:
+                    wait_b[s - 1] = -1
+                    stack.append(s - 1)
+            if detail:
+                if c == 0:
+                    own_f[s][m] = t  # type: ignore[index]
+                elif c == 1:
+                    own_i[s][m] = t  # type: ignore[index]
+                ready_at[s][p] = (  # type: ignore[index]
+                    own_i[s][m] if c == 2 else own_f[s][m] if c != 0 and s == last else r  # type: ignore[index]
+                )
+                blocked_at[s][p] = after - t  # type: ignore[index]
+            t = after
+            p += 1
+        pos[s] = p
+        free[s] = t
+    if any(pos[s] < len(codes[s]) for s in range(s_count)):
+        return Timeline(math.inf, starts, ends, ready_at, blocked_at, tuple(pos))
+    span = max((e[-1] for e in ends if e), default=0.0)
+    return Timeline(span, starts, ends, ready_at, blocked_at)
+
+
+def _durations(model: CostModel, orders: Sequence[Order], durations: Callable[[int, Op], float]) -> list[list[float]]:
+    took = []
+    for s, order in enumerate(orders):
+        row = []
+        for op in order:
+            value = float(durations(s, op))
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"durations({s}, {op}) must be a finite time >= 0 ms, got {value}")
+            row.append(value)
+        took.append(row)
+    return took
+
+
+_OPTIONS = ("links", "depth", "step", "t0", "durations")
+
+
+def _timeline(
+    model: CostModel, orders: Sequence[Sequence[Op]], options: dict[str, Any], detail: bool
+) -> tuple[tuple[Order, ...], Timeline]:
+    """Check ``orders`` and time them with :func:`simulate`'s ``options``; deadlocks raise."""
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(unknown)}: choose from {', '.join(_OPTIONS)}")
+    links: LinkModel | None = options.get("links")
+    durations: Callable[[int, Op], float] | None = options.get("durations")
+    orders_t = _check_orders(model, orders)
+    if links is not None and links.num_links != model.stages - 1:
+        raise ValueError(f"links model has {links.num_links} links, the cost model {model.stages - 1}")
+    took = _durations(model, orders_t, durations) if durations is not None else None
+    tl = time_codes(
+        model,
+        to_codes(orders_t),
+        links=links,
+        depth=options.get("depth"),
+        step=options.get("step", 0),
+        t0=options.get("t0", 0.0),
+        took=took,
+        detail=detail,
+    )
+    if tl.stuck is not None:
+        raise _deadlock(orders_t, tl.stuck)
+    return orders_t, tl
+
+
 def simulate(
     model: CostModel,
     orders: Sequence[Sequence[Op]],
@@ -171,220 +400,75 @@ def simulate(
 
     ``depth``: None = non-blocking transport; d >= 1 = blocking FIFO with d messages in flight per
     (link, direction). Delays are looked up at ``t0 + t`` and ``step``. ``durations(stage, op)``
-    overrides the model's compute times (e.g. measured ones).
+    overrides the model's compute times (e.g. measured ones). Timing by :func:`time_codes`; this
+    adds per-op records, bubble rates and the critical path.
     """
-    orders_t = _check_orders(model, orders)
-    s_count, n = model.stages, model.microbatches
-    link_model = links if links is not None else StaticDelays(model.delays)
-    if link_model.num_links != s_count - 1:
-        raise ValueError(f"links model has {link_model.num_links} links, the cost model {s_count - 1}")
-    qf = [LinkQueue(link_model, link, "fwd", depth) for link in range(s_count - 1)]
-    qb = [LinkQueue(link_model, link, "bwd", depth) for link in range(s_count - 1)]
-    dur = durations or (lambda s, op: model.duration(s, op.kind))
-
-    # Arrival of an input: (delivery time, producer stage, producer op index) per stage/microbatch.
-    arr_f: list[list[tuple[float, int, int] | None]] = [[None] * n for _ in range(s_count)]
-    arr_b: list[list[tuple[float, int, int] | None]] = [[None] * n for _ in range(s_count)]
-    end_f = [[0.0] * n for _ in range(s_count)]  # own F end (ready time of the last stage's I/B)
-    end_i = [[0.0] * n for _ in range(s_count)]  # own I end (ready time of W)
-    timings: list[list[OpTiming]] = [[] for _ in range(s_count)]
-    causes: list[list[tuple[str, float, int | None, int | None]]] = [[] for _ in range(s_count)]
-    pos = [0] * s_count
-    free = [0.0] * s_count  # when the stage can start its next op (after any send blocking)
-    blocked_total = [0.0] * s_count
-    stack = list(range(s_count - 1, -1, -1))
-    waiting: list[tuple[str, int] | None] = [None] * s_count
-    while stack:
-        s = stack.pop()
-        order = orders_t[s]
-        while pos[s] < len(order):
-            op = order[pos[s]]
-            kind, m = op.kind, op.mb
-            src: tuple[float, int, int] | None
-            if kind == "F":
-                if s == 0:
-                    src = (0.0, -1, -1)
-                else:
-                    src = arr_f[s][m]
-            elif kind == "W":
-                src = (end_i[s][m], -1, -1)
-            elif s == s_count - 1:
-                src = (end_f[s][m], -1, -1)
-            else:
-                src = arr_b[s][m]
-            if src is None:
-                waiting[s] = (kind, m)
-                break
-            waiting[s] = None
-            ready, from_stage, from_idx = src
-            start = max(free[s], ready)
-            took = float(dur(s, op))
-            if not (took >= 0 and math.isfinite(took)):
-                raise ValueError(f"durations({s}, {op}) must be a finite time >= 0 ms, got {took}")
-            end = start + took
-            if kind == "F":
-                end_f[s][m] = end
-            elif kind == "I":
-                end_i[s][m] = end
-            # Why did it start then? (for the critical path)
-            if from_stage >= 0 and ready > free[s] + _EPS:
-                prod_end = timings[from_stage][from_idx].end
-                causes[s].append(("link", ready - prod_end, from_stage, from_idx))
-            elif pos[s] == 0:
-                causes[s].append(("start", 0.0, None, None))
-            elif timings[s][-1].blocked > _EPS:
-                causes[s].append(("blocked", timings[s][-1].blocked, None, None))
-            else:
-                causes[s].append(("stage", 0.0, None, None))
-            blocked = 0.0
-            after = end
-            target: int | None = None
-            if kind == "F" and s < s_count - 1:
-                sent = qf[s].send(t0 + end, step)
-                target = s + 1
-                arr_f[s + 1][m] = (sent.delivered - t0, s, pos[s])
-            elif kind in ("I", "B") and s > 0:
-                sent = qb[s - 1].send(t0 + end, step)
-                target = s - 1
-                arr_b[s - 1][m] = (sent.delivered - t0, s, pos[s])
-            if target is not None:
-                after = sent.accepted - t0
-                blocked = after - end
-                blocked_total[s] += blocked
-                want = waiting[target]
-                if want is not None and want[1] == m and (want[0] == "F") == (kind == "F"):
-                    waiting[target] = None
-                    stack.append(target)
-            timings[s].append(OpTiming(s, op, start, end, ready, blocked))
-            free[s] = after
-            pos[s] += 1
-    if any(pos[s] < len(orders_t[s]) for s in range(s_count)):
-        raise _deadlock(orders_t, pos)
-
-    span = max((t[-1].end for t in timings if t), default=0.0)
+    options = {"links": links, "depth": depth, "step": step, "t0": t0, "durations": durations}
+    orders_t, tl = _timeline(model, orders, options, detail=True)
+    s_count = model.stages
+    last = s_count - 1
+    assert tl.ready is not None and tl.blocked is not None
+    timings = tuple(
+        tuple(
+            OpTiming(s, op, tl.start[s][p], tl.end[s][p], tl.ready[s][p], tl.blocked[s][p])
+            for p, op in enumerate(order)
+        )
+        for s, order in enumerate(orders_t)
+    )
+    span = tl.makespan
     busy = [sum(t.end - t.start for t in ts) for ts in timings]
     bubble = tuple((1.0 - b / span) if span > 0 else 0.0 for b in busy)
-
-    # Critical path: from the op that ends last, follow the constraint that set each start.
-    path: list[CriticalStep] = []
-    if span > 0 or any(timings):
-        s = max(range(s_count), key=lambda k: (timings[k][-1].end if timings[k] else -math.inf, k))
-        k = len(timings[s]) - 1
-        while k >= 0:
-            tm = timings[s][k]
-            via, wait, fs, fi = causes[s][k]
-            path.append(CriticalStep(s, tm.op, tm.start, tm.end, via, wait, fs))
-            if via == "link":
-                s, k = fs, fi  # type: ignore[assignment]
-            elif via == "start":
-                break
-            else:
-                k -= 1
     return SimResult(
         model=model,
         orders=orders_t,
-        timings=tuple(tuple(t) for t in timings),
+        timings=timings,
         makespan=span,
         bubble_rate=bubble,
-        blocked_ms=tuple(blocked_total),
-        critical_path=tuple(path),
+        blocked_ms=tuple(sum(row) for row in tl.blocked),
+        critical_path=_critical_path(orders_t, timings, last),
     )
 
 
-_CODE = {"F": 0, "I": 1, "B": 1, "W": 2}
+def _critical_path(
+    orders: tuple[Order, ...], timings: tuple[tuple[OpTiming, ...], ...], last: int
+) -> tuple[CriticalStep, ...]:
+    """From the op that ends last, follow the constraint that set each start (stage, link, block)."""
+    if not any(timings):
+        return ()
+    index = [{op: p for p, op in enumerate(order)} for order in orders]
+
+    def producer(s: int, op: Op) -> tuple[int, int] | None:
+        if op.kind == "F" and s > 0:
+            return s - 1, index[s - 1][op]
+        if op.kind in ("I", "B") and s < last:
+            up = index[s + 1]
+            return s + 1, up[op] if op in up else up[Op("B" if op.kind == "I" else "I", op.mb)]
+        return None
+
+    path: list[CriticalStep] = []
+    s = max(range(len(timings)), key=lambda k: (timings[k][-1].end if timings[k] else -math.inf, k))
+    k = len(timings[s]) - 1
+    while k >= 0:
+        tm = timings[s][k]
+        free = timings[s][k - 1].end + timings[s][k - 1].blocked if k > 0 else 0.0
+        src = producer(s, tm.op)
+        if src is not None and tm.ready > free + _EPS:
+            prod = timings[src[0]][src[1]]
+            path.append(CriticalStep(s, tm.op, tm.start, tm.end, "link", tm.ready - prod.end, src[0]))
+            s, k = src
+        elif k == 0:
+            path.append(CriticalStep(s, tm.op, tm.start, tm.end, "start"))
+            break
+        elif timings[s][k - 1].blocked > _EPS:
+            path.append(CriticalStep(s, tm.op, tm.start, tm.end, "blocked", timings[s][k - 1].blocked))
+            k -= 1
+        else:
+            path.append(CriticalStep(s, tm.op, tm.start, tm.end, "stage"))
+            k -= 1
+    return tuple(path)
 
 
-def makespan(
-    model: CostModel,
-    orders: Sequence[Sequence[Op]],
-    *,
-    links: LinkModel | None = None,
-    depth: int | None = None,
-    step: int = 0,
-    t0: float = 0.0,
-    durations: Callable[[int, Op], float] | None = None,
-) -> float:
-    """Makespan only (ms): the search's inner loop.
-
-    Static delays with a non-blocking transport take a tight arithmetic path (no objects per op);
-    anything else (time-varying links, blocking depth, custom durations) falls back to
-    :func:`simulate`. For speed the fast path checks only op counts, not the full order structure
-    (:func:`simulate` does, via ``model.validate_orders``); deadlocks raise :class:`DeadlockError`.
-    """
-    if depth is not None or durations is not None or (links is not None and not isinstance(links, StaticDelays)):
-        return simulate(model, orders, links=links, depth=depth, step=step, t0=t0, durations=durations).makespan
-    s_count, n = model.stages, model.microbatches
-    if len(orders) != s_count:
-        raise ValueError(f"expected {s_count} stage orders, got {len(orders)}")
-    if links is not None:
-        if links.num_links != s_count - 1:
-            raise ValueError(f"links model has {links.num_links} links, the cost model {s_count - 1}")
-        cf, cb = links.fwd, links.bwd
-    else:
-        cf = cb = model.delays
-    for c in cf + cb:  # type: ignore[operator]
-        if math.isinf(c):
-            return simulate(model, orders, links=links).makespan  # raises LinkDownError with context
-    code = _CODE
-    fwd, bwd, wgt = model.fwd, model.bwd, model.wgt
-    last = s_count - 1
-    arr_f: list[list[float | None]] = [[None] * n for _ in range(s_count)]
-    arr_b: list[list[float | None]] = [[None] * n for _ in range(s_count)]
-    arr_f[0] = [0.0] * n
-    arr_b[last] = [0.0] * n
-    compiled = []
-    for s, order in enumerate(orders):
-        ops = [(code[op.kind], op.mb, op.kind == "B") for op in order]
-        if len(ops) not in (2 * n, 3 * n):
-            raise ValueError(f"stage {s}: order has {len(ops)} ops, expected {2 * n} (F,B) or {3 * n} (F,I,W)")
-        compiled.append(ops)
-    pos = [0] * s_count
-    free = [0.0] * s_count
-    wait_f = [-1] * s_count
-    wait_b = [-1] * s_count
-    stack = list(range(last, -1, -1))
-    while stack:
-        s = stack.pop()
-        ops = compiled[s]
-        p = pos[s]
-        t = free[s]
-        af = arr_f[s]
-        ab = arr_b[s]
-        tf, tb, tw = fwd[s], bwd[s], wgt[s]
-        size = len(ops)
-        while p < size:
-            c, m, fused = ops[p]
-            if c == 0:
-                r = af[m]
-                if r is None:
-                    wait_f[s] = m
-                    break
-                if r > t:
-                    t = r
-                t += tf
-                if s < last:
-                    arr_f[s + 1][m] = t + cf[s]
-                    if wait_f[s + 1] == m:
-                        wait_f[s + 1] = -1
-                        stack.append(s + 1)
-            elif c == 1:
-                r = ab[m]
-                if r is None:
-                    wait_b[s] = m
-                    break
-                if r > t:
-                    t = r
-                t += tb + wgt[s] if fused else tb
-                if s > 0:
-                    arr_b[s - 1][m] = t + cb[s - 1]
-                    if wait_b[s - 1] == m:
-                        wait_b[s - 1] = -1
-                        stack.append(s - 1)
-            else:
-                t += tw
-            p += 1
-        pos[s] = p
-        free[s] = t
-    if any(pos[s] < len(compiled[s]) for s in range(s_count)):
-        raise _deadlock([tuple(o) for o in orders], pos)
-    return max(free)
+def makespan(model: CostModel, orders: Sequence[Sequence[Op]], **options: Any) -> float:
+    """Makespan only (ms): :func:`simulate` with the same options (``links``, ``depth``, ``step``,
+    ``t0``, ``durations``), the same checks and the same timing, without the per-op records."""
+    return _timeline(model, orders, options, detail=False)[1].makespan

@@ -28,7 +28,8 @@ def _item(raw: object, kind: type[N], name: str) -> N:
         value = float(raw.strip() if isinstance(raw, str) else raw)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         what = "an integer" if kind is int else "a number"
-        raise ValueError(f"{name}: {raw!r} is not {what}") from None
+        shown = raw.strip() if isinstance(raw, str) else raw
+        raise ValueError(f"{name}: {shown!r} is not {what}") from None
     return value  # type: ignore[return-value]
 
 

@@ -1,0 +1,518 @@
+"""The planning command line, ``python -m titan_morph.pipelining.plan`` (or ``.cli``): build (or
+load) a pipeline schedule and show how it runs.
+
+Plans a schedule for the *planning* delays (``--delays``: what a profiler measured) or for a
+delay distribution (``--plan-random MEAN,STD``: the lowest expected makespan over sampled delay
+vectors, :mod:`robust`), then executes
+the resulting fixed orders under the *run* delays (``--run-delays``, default = planning delays) in
+the simulator, so one can ask e.g. "ZB-H2 planned for no delay, executed with a 20 ms straggler on
+link 0" (paper Fig. 5: 390 ms → 440 ms) or "what does PipeMorph plan instead" (Eq. 1, Alg. 1–4).
+
+Outputs: a readable summary (warm-up x_i, slackness Δ_i and the Eq. 1 tolerance per link,
+makespan, bubble rates, critical path), or ``--json``; optionally torch's compute-only CSV
+(``--csv``, loadable by ``_PipelineScheduleRuntime._load_csv`` / TorchTitan's
+``pipeline_parallel_schedule_csv``), a timeline PNG and a Chrome trace. ``--load-csv`` simulates
+an existing torch CSV instead of building one. Bad arguments print one error line, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .builders import SCHEDULES, schedule_key
+from .links import LinkDownError, LinkModel, RandomDelays, TraceDelays, parse_delays
+from .model import CostModel, Plan, in_flight_peak, validate_orders, warmup_count
+from .slackness import tolerance_ms
+from .values import parse_list
+
+PROG = "python -m titan_morph.pipelining.plan"
+
+
+class UsageError(Exception):
+    """A bad command-line setting: printed as one ``error:`` line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line instead of usage + error
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI's argument parser (also used to render the usage text in docs)."""
+    p = _Parser(
+        prog=PROG,
+        description="Build a pipeline schedule (1F1B, ZeroBubble or PipeMorph's slackness-aware plan) for "
+        "given per-stage compute times and link delays, then simulate it under the actual delays.",
+        epilog="Example: %(prog)s --stages 4 --microbatches 12 --fwd 10 --bwd 10 --wgt 10 "
+        "--schedule zb-h2 --run-delays 20,0,0 --png zb.png",
+    )
+    g = p.add_argument_group("pipeline and profile")
+    g.add_argument("--stages", type=int, help="pipeline stages S (one per rank); inferred with --load-csv")
+    g.add_argument("--microbatches", type=int, help="microbatches N per iteration; inferred with --load-csv")
+    g.add_argument("--fwd", default="10", help="t^F per stage, ms: scalar or comma list of S values (default 10)")
+    g.add_argument("--bwd", default="10", help="t^B (backward input, op I) per stage, ms (default 10)")
+    g.add_argument("--wgt", default="10", help="t^W (backward weight, op W) per stage, ms (default 10)")
+    g.add_argument(
+        "--delays", default=None, help="planning delay c_i per link, ms: scalar or S-1 comma values (default 0)"
+    )
+    g.add_argument(
+        "--run-delays",
+        default=None,
+        help="actual per-link delays (ms) to execute the orders under; 'inf' = link down (default: --delays)",
+    )
+    g.add_argument(
+        "--run-random",
+        metavar="MEAN,STD,LOW,HIGH[,SEED]",
+        help="execute under §7.2 random stragglers instead: every link's delay ~ N(MEAN, STD) ms, re-drawn"
+        " every U(LOW, HIGH) ms (deterministic for SEED, default 0)",
+    )
+    g.add_argument(
+        "--run-trace",
+        metavar="PATH",
+        help="execute under a delay trace CSV (columns step|time_ms, link, delay_ms[, direction]; links.py)",
+    )
+    g.add_argument("--step", type=int, default=0, help="training step the run is at, for --run-trace by step")
+    g.add_argument("--memory", default=None, help="max microbatches in flight per stage M_i: scalar or S values")
+    g.add_argument(
+        "--depth",
+        type=int,
+        default=None,
+        help="blocking link queue depth (NCCL-like head-of-line blocking); default: non-blocking transport",
+    )
+    s = p.add_argument_group("schedule")
+    s.add_argument(
+        "--schedule",
+        default=None,
+        type=_schedule,
+        metavar="NAME",
+        help=f"schedule to build: {', '.join(SCHEDULES)} (any case; '-'/'_' optional, e.g. ZBH2; default pipemorph)",
+    )
+    s.add_argument("--no-search", action="store_true", help="pipemorph: plain Alg. 1/2 warm-up + Alg. 3/4, no search")
+    s.add_argument(
+        "--search-iterations",
+        type=int,
+        default=None,
+        metavar="N",
+        help="pipemorph: search iterations; fixes the plan (default: a fixed amount of work per schedule size)",
+    )
+    s.add_argument(
+        "--search-ms", type=float, default=None, help="pipemorph: cap on the search's wall time in ms (default: none)"
+    )
+    s.add_argument(
+        "--plan-random",
+        metavar="MEAN,STD",
+        help="pipemorph: plan for random delays, every link ~ N(MEAN, STD) ms: the lowest mean makespan over"
+        " --samples delay vectors drawn with --seed (excludes --delays)",
+    )
+    s.add_argument(
+        "--plan-samples",
+        metavar="PATH",
+        help="pipemorph: plan for the delay vectors in PATH (one line per vector, S-1 comma-separated ms)",
+    )
+    s.add_argument("--samples", type=int, default=32, metavar="K", help="vectors drawn for --plan-random (default 32)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the --plan-random draws (default 0)")
+    s.add_argument("--load-csv", metavar="PATH", help="simulate an existing torch compute-only CSV instead of building")
+    p.set_defaults(planning_samples=None)
+    o = p.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+    o.add_argument("--show-orders", action="store_true", help="also print the step x rank order grid")
+    o.add_argument("--csv", metavar="PATH", help="write torch's compute-only schedule CSV")
+    o.add_argument("--png", metavar="PATH", help="write a timeline picture of the simulated run")
+    o.add_argument("--chrome-trace", metavar="PATH", help="write a Chrome/Perfetto trace of the simulated run")
+    o.add_argument("--title", default=None, help="title of the PNG")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checking: each message names the setting and the allowed range.
+# ---------------------------------------------------------------------------------------------
+
+
+def _schedule(text: str) -> str:
+    try:
+        return schedule_key(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _values(flag: str, text: str | None, kind: type, count: int | None, low: float | None) -> tuple:
+    try:
+        return parse_list(text, kind, name=flag, count=count, low=low)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _delays(flag: str, text: str | None, links: int) -> tuple[float, ...]:
+    try:
+        return parse_delays(text, links, name=flag)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _model(args: argparse.Namespace, stages: int, microbatches: int) -> tuple[CostModel, tuple[float, ...]]:
+    """The planning cost model and the run delays, from the flags (with --plan-random/--plan-samples
+    the planning delays are the samples' per-link mean)."""
+    if stages < 1:
+        raise UsageError(f"--stages must be >= 1, got {stages}")
+    if microbatches < 1:
+        raise UsageError(f"--microbatches must be >= 1, got {microbatches}")
+    links = stages - 1
+    delays = _delays("--delays", args.delays, links)
+    for i, d in enumerate(delays):
+        if math.isinf(d):
+            raise UsageError(
+                f"--delays: link {i} ({i}<->{i + 1}) is down (inf); no schedule can be planned across a down link"
+                " (use --run-delays to see a plan fail at run time, or re-partition the stages)"
+            )
+    samples = _planning_samples(args, links)
+    if samples is not None:
+        delays = tuple(sum(v[i] for v in samples) / len(samples) for i in range(links))
+    args.planning_samples = samples
+    run = delays if args.run_delays is None else _delays("--run-delays", args.run_delays, links)
+    if args.depth is not None and args.depth < 1:
+        raise UsageError(
+            f"--depth must be >= 1 message in flight per link (omit it for non-blocking), got {args.depth}"
+        )
+    memory = None if args.memory is None else _values("--memory", args.memory, int, stages, 1)
+    model = CostModel(
+        stages,
+        microbatches,
+        _values("--fwd", args.fwd, float, stages, 0.0),
+        _values("--bwd", args.bwd, float, stages, 0.0),
+        _values("--wgt", args.wgt, float, stages, 0.0),
+        delays,
+        memory or None,
+    )
+    return model, run
+
+
+def _given(args: argparse.Namespace, flags: Sequence[str]) -> list[str]:
+    """The ``flags`` set on the command line (value not None)."""
+    return [f for f in flags if getattr(args, f.lstrip("-").replace("-", "_")) is not None]
+
+
+def _exclusive(args: argparse.Namespace, flags: Sequence[str], what: str) -> None:
+    chosen = _given(args, flags)
+    if len(chosen) > 1:
+        raise UsageError(f"{' and '.join(chosen)} exclude each other ({what})")
+
+
+def _planning_samples(args: argparse.Namespace, links: int) -> tuple[tuple[float, ...], ...] | None:
+    """The delay vectors to plan for (--plan-random draws or --plan-samples lines), or None."""
+    from .robust import sample_delays
+
+    _exclusive(args, ("--delays", "--plan-random", "--plan-samples"), "one planning delay model")
+    if args.plan_random is not None:
+        if args.samples < 1:
+            raise UsageError(f"--samples must be >= 1 delay vector, got {args.samples}")
+        values = _values("--plan-random", args.plan_random, float, None, 0.0) if args.plan_random else ()
+        if len(values) != 2:
+            raise UsageError(f"--plan-random: expected MEAN,STD (ms, >= 0), got {args.plan_random!r}")
+        return sample_delays(values[0], values[1], links=links, samples=args.samples, seed=args.seed)
+    if args.plan_samples is not None:
+        try:
+            lines = Path(args.plan_samples).read_text().splitlines()
+        except OSError as exc:
+            raise UsageError(f"--plan-samples: cannot read {args.plan_samples}: {exc.strerror}") from None
+        rows = []
+        for k, line in enumerate(lines, start=1):
+            if line.strip() and not line.lstrip().startswith("#"):
+                row = _values(f"--plan-samples {args.plan_samples} line {k}", line, float, links, 0.0)
+                rows.append(row)
+        if not rows:
+            raise UsageError(f"--plan-samples {args.plan_samples}: no delay vectors (one line of {links} ms each)")
+        return tuple(rows)
+    return None
+
+
+def _run_links(args: argparse.Namespace, stages: int) -> tuple[LinkModel | None, str]:
+    """The time-varying link model to execute under (``None`` = static ``--run-delays``) and its description."""
+    _exclusive(args, ("--run-delays", "--run-random", "--run-trace"), "one run link model")
+    if args.step < 0:
+        raise UsageError(f"--step must be >= 0, got {args.step}")
+    links = stages - 1
+    if args.run_random is not None:
+        values = _values("--run-random", args.run_random, float, None, None) if args.run_random else ()
+        if len(values) not in (4, 5):
+            raise UsageError(f"--run-random: expected MEAN,STD,LOW,HIGH[,SEED], got {len(values)} values")
+        if len(values) == 5 and not (values[4] >= 0 and values[4].is_integer()):
+            raise UsageError(f"--run-random: SEED must be an integer >= 0, got {values[4]:g}")
+        seed = int(values[4]) if len(values) == 5 else 0
+        values = values[:4]
+        mean, std, low, high = values
+        try:
+            model = RandomDelays(links, mean, std, (low, high), seed=seed)
+        except ValueError as exc:
+            raise UsageError(f"--run-random: {exc}") from None
+        return model, f"random N({mean:g}, {std:g}) ms every U({low:g}, {high:g}) ms, seed {seed}"
+    if args.run_trace is not None:
+        try:
+            model = TraceDelays.from_csv(args.run_trace, links)
+        except OSError as exc:
+            raise UsageError(f"--run-trace: cannot read {args.run_trace}: {exc.strerror}") from None
+        except (ValueError, KeyError) as exc:
+            raise UsageError(f"--run-trace {args.run_trace}: {exc}") from None
+        return model, f"trace {args.run_trace} at step {args.step}"
+    return None, ""
+
+
+def _build(args: argparse.Namespace, model: CostModel) -> tuple[Plan, float]:
+    """Call the builders (Alg. 1–4 + search for pipemorph; fixed warm-ups for the baselines);
+    returns the plan and the milliseconds spent planning."""
+    from . import builders
+
+    kw: dict[str, Any] = {}
+    samples = args.planning_samples
+    searching = args.schedule == "pipemorph" and not args.no_search
+    search_flags = _given(args, ("--search-ms", "--search-iterations", "--plan-random", "--plan-samples"))
+    if args.schedule != "pipemorph" and (args.no_search or search_flags):
+        flags = "/".join(["--no-search"] * args.no_search + search_flags)
+        raise UsageError(f"{flags} apply to --schedule pipemorph only, not {args.schedule}")
+    if search_flags and not searching:
+        raise UsageError(f"{'/'.join(search_flags)} need the search (drop --no-search)")
+    if args.search_ms is not None and not args.search_ms > 0:
+        raise UsageError(f"--search-ms must be > 0 ms, got {args.search_ms:g}")
+    if args.search_iterations is not None and args.search_iterations < 0:
+        raise UsageError(f"--search-iterations must be >= 0, got {args.search_iterations}")
+    if samples is not None and args.depth is not None:
+        raise UsageError("--plan-random/--plan-samples plan for the non-blocking transport: drop --depth")
+    if searching:
+        # search.search (or robust.robust_plan): best makespan under the planning delays and transport.
+        kw.update(search=True)
+        if samples is not None:
+            kw["samples"] = samples
+        else:
+            kw["depth"] = args.depth
+        if args.search_ms is not None:
+            kw["time_budget_ms"] = args.search_ms
+        if args.search_iterations is not None:
+            kw["iterations"] = args.search_iterations
+    try:
+        start = time.perf_counter()
+        plan = builders.build(args.schedule, model, **kw)
+        return plan, (time.perf_counter() - start) * 1000.0
+    except ValueError as exc:
+        flag = f"--memory {args.memory}" if args.memory is not None and "memory" in str(exc) else "--schedule"
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def _load(args: argparse.Namespace) -> tuple[Plan, tuple[float, ...]]:
+    from .export import read_csv
+
+    try:
+        orders = read_csv(args.load_csv)
+    except OSError as exc:
+        raise UsageError(f"--load-csv: cannot read {args.load_csv}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise UsageError(f"--load-csv: {exc}") from None
+    stages = len(orders)
+    microbatches = 1 + max(op.mb for order in orders for op in order)
+    if args.stages is not None and args.stages != stages:
+        raise UsageError(f"--stages {args.stages} disagrees with --load-csv {args.load_csv}: it has {stages} ranks")
+    if args.microbatches is not None and args.microbatches != microbatches:
+        raise UsageError(
+            f"--microbatches {args.microbatches} disagrees with --load-csv {args.load_csv}: it has {microbatches}"
+        )
+    if args.schedule is not None:
+        raise UsageError("--schedule and --load-csv exclude each other (the CSV is the schedule)")
+    model, run = _model(args, stages, microbatches)
+    try:
+        validate_orders(model, orders)
+    except ValueError as exc:
+        raise UsageError(f"--load-csv {args.load_csv}: {exc}") from None
+    return Plan(f"csv:{Path(args.load_csv).name}", tuple(warmup_count(o) for o in orders), orders, model), run
+
+
+# ---------------------------------------------------------------------------------------------
+# Reporting
+# ---------------------------------------------------------------------------------------------
+
+
+def _fmt_list(values: Sequence[float]) -> str:
+    return "[" + ", ".join(f"{v:g}" for v in values) + "]"
+
+
+def _summary(out: PlannedRun) -> str:
+    plan, result, planned, run, args = out.plan, out.result, out.planned, out.run_delays, out.args
+    model = plan.model
+    lines = [
+        f"schedule {plan.schedule}: S={model.stages} stages, N={model.microbatches} microbatches, plan {plan.plan_id}",
+        f"  t^F {_fmt_list(model.fwd)} ms, t^B {_fmt_list(model.bwd)} ms, t^W {_fmt_list(model.wgt)} ms;"
+        f" transport {'non-blocking' if args.depth is None else f'blocking, depth {args.depth}'}",
+        "",
+        "stage  x_i  M_i  peak  busy ms  bubble  blocked ms",
+    ]
+    for s, order in enumerate(plan.orders):
+        busy = sum(t.end - t.start for t in result.timings[s])
+        mem = "-" if model.memory is None else str(model.memory[s])
+        lines.append(
+            f"{s:>5}  {plan.warmup[s]:>3}  {mem:>3}  {in_flight_peak(order):>4}  {busy:>7.1f}"
+            f"  {result.bubble_rate[s]:>6.1%}  {result.blocked_ms[s]:>10.1f}"
+        )
+    if model.stages > 1:
+        lines += ["", "link  Δ_i  Eq.1 tolerance ms  planned c_i  run c_i  absorbed (Eq. 1)"]
+        for i in range(model.stages - 1):
+            tol = tolerance_ms(model, plan.warmup, i)
+            ok = "yes" if run[i] <= tol + 1e-9 else "NO"
+            lines.append(f"{i:>4}  {plan.slackness[i]:>3}  {tol:>17.1f}  {model.delays[i]:>11g}  {run[i]:>7g}  {ok}")
+    lines += [
+        "",
+        f"makespan {result.makespan:.1f} ms under "
+        + (
+            f"run delays {_fmt_list(run)} ms"
+            if out.links is None
+            else out.links_text + f" (at t=0: {_fmt_list(run)} ms)"
+        )
+        + f" (planned {planned:.1f} ms under {_fmt_list(model.delays)} ms);"
+        f" mean bubble rate {result.mean_bubble_rate:.1%}",
+        *(
+            [f"expected makespan {out.expected_makespan:.1f} ms over {len(args.planning_samples)} planning samples"]
+            if out.expected_makespan is not None
+            else []
+        ),
+        f"planning took {out.planning_ms:.1f} ms",
+        "critical path:",
+        *("  " + line.strip() for line in result.explain().splitlines()),
+    ]
+    return "\n".join(lines)
+
+
+def _report_json(out: PlannedRun, files: dict[str, str]) -> dict[str, Any]:
+    plan, result, planned, run, args = out.plan, out.result, out.planned, out.run_delays, out.args
+    model = plan.model
+    return {
+        "schedule": plan.schedule,
+        "stages": model.stages,
+        "microbatches": model.microbatches,
+        "fwd_ms": list(model.fwd),
+        "bwd_ms": list(model.bwd),
+        "wgt_ms": list(model.wgt),
+        "delays_ms": list(model.delays),
+        "run_delays_ms": list(run),
+        "run_links": out.links_text or "static",
+        "step": args.step,
+        "memory": None if model.memory is None else list(model.memory),
+        "depth": args.depth,
+        "warmup": list(plan.warmup),
+        "slackness": list(plan.slackness),
+        "tolerance_ms": [tolerance_ms(model, plan.warmup, i) for i in range(model.stages - 1)],
+        "plan_id": plan.plan_id,
+        "planned_makespan_ms": planned,
+        "makespan_ms": result.makespan,
+        "bubble_rate": result.mean_bubble_rate,
+        "stage_bubble_rate": list(result.bubble_rate),
+        "blocked_ms": list(result.blocked_ms),
+        "peak_in_flight": [in_flight_peak(o) for o in plan.orders],
+        "orders": plan.orders_json(),
+        "planning_ms": out.planning_ms,
+        "search_iterations": args.search_iterations,
+        "planning_samples": None if args.planning_samples is None else len(args.planning_samples),
+        "expected_makespan_ms": out.expected_makespan,
+        "files": files,
+    }
+
+
+@dataclass
+class PlannedRun:
+    """What one CLI invocation computed: the plan, its simulated run and the settings used."""
+
+    plan: Plan
+    result: Any  # simulate.SimResult under the run delays / run link model
+    planned: float  # makespan of the same orders under the planning delays
+    run_delays: tuple[float, ...]  # static run delays, or the run link model's delays at t = 0
+    links: LinkModel | None  # the time-varying run link model, None for static delays
+    links_text: str
+    args: argparse.Namespace
+    planning_ms: float = 0.0  # wall time spent building the plan (0 for --load-csv)
+    expected_makespan: float | None = None  # mean makespan over the planning samples (random planning)
+
+
+def run(argv: Sequence[str] | None = None) -> PlannedRun:
+    """Parse ``argv``, build or load the plan and simulate it; raises :class:`UsageError` on bad input."""
+    from .simulate import DeadlockError, simulate
+
+    args = build_parser().parse_args(argv)
+    planning_ms = 0.0
+    if args.load_csv:
+        plan, run_delays = _load(args)
+    else:
+        if args.stages is None or args.microbatches is None:
+            raise UsageError("--stages and --microbatches are required (unless --load-csv gives them)")
+        args.schedule = args.schedule or "pipemorph"
+        model, run_delays = _model(args, args.stages, args.microbatches)
+        plan, planning_ms = _build(args, model)
+    links, links_text = _run_links(args, plan.model.stages)
+    if links is not None:
+        run_delays = links.snapshot(0.0, args.step)
+    try:
+        planned = simulate(plan.model, plan.orders, depth=args.depth).makespan
+    except DeadlockError as exc:
+        raise UsageError(f"the orders deadlock: {exc}") from None
+    flag = "--run-delays" if links is None else "--run-random" if args.run_random else "--run-trace"
+    try:
+        # With a link model the simulator asks it for every message; model.delays are only the t=0 view.
+        run_model = plan.model.with_delays(run_delays)
+        result = simulate(run_model, plan.orders, links=links, depth=args.depth, step=args.step)
+    except LinkDownError as exc:
+        raise UsageError(f"{flag}: {exc}: the iteration cannot complete") from None
+    expected = None
+    if args.planning_samples is not None:
+        from .robust import expected_makespan
+
+        expected = expected_makespan(plan.model, plan.orders, args.planning_samples)
+    return PlannedRun(plan, result, planned, tuple(run_delays), links, links_text, args, planning_ms, expected)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit code (0 ok, 2 bad arguments)."""
+    try:
+        out = run(argv)
+        args, plan, result = out.args, out.plan, out.result
+        files: dict[str, str] = {}
+        from . import export
+
+        if args.csv:
+            files["csv"] = str(export.write_csv(plan, args.csv))
+        if args.png:
+            title = args.title or f"{plan.schedule} (plan {plan.plan_id})"
+            if out.links is not None:
+                title += f" — {out.links_text}"
+            files["png"] = str(export.timeline_png(result, args.png, title=title))
+        if args.chrome_trace:
+            files["chrome_trace"] = str(export.chrome_trace(result, args.chrome_trace, links=out.links, step=args.step))
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"{PROG}: error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
+    try:
+        _print_report(out, files)
+    except BrokenPipeError:  # e.g. piped into `head`
+        sys.stderr.close()
+    return 0
+
+
+def _print_report(out: PlannedRun, files: dict[str, str]) -> None:
+    from . import export
+
+    if out.args.json:
+        print(json.dumps(_report_json(out, files)))
+    else:
+        print(_summary(out))
+        if out.args.show_orders:
+            print("\norders:\n" + export.format_orders(out.plan.orders), end="")
+        for kind, path in files.items():
+            print(f"wrote {kind}: {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
