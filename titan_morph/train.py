@@ -67,6 +67,7 @@ def _make_trainer_class():
 
         def __init__(self, job_config: Any) -> None:
             validate(job_config)
+            self._trained = False  # set once training finished: transports then drain on close
             job = job_config.job
             if RUN_ID_PLACEHOLDER in job.dump_folder:
                 job.dump_folder = job.dump_folder.replace(RUN_ID_PLACEHOLDER, run_id())
@@ -80,10 +81,19 @@ def _make_trainer_class():
 
         def train(self) -> None:
             super().train()
+            self._trained = True
             from titan_morph.integration.assembly import run_summary
 
             for line in run_summary(self.job_config, getattr(self, "pp_schedule", None)):
                 logger.info(f"titan_morph: {line}")
+
+        def close(self) -> None:
+            from titan_morph.integration.assembly import close_transports
+
+            try:  # threads and delegates stop while the process groups they use still exist
+                close_transports(drain=self._trained)
+            finally:
+                super().close()
 
         @staticmethod
         def _write_run_info(job_config: Any) -> None:

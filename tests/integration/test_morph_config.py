@@ -314,3 +314,25 @@ def test_plan_delays_make_pipemorph_plan_for_them():
     assert searched.model.delays == (0.0, 0.0, 60.0)
     # no planned delays: the search would only shrink slackness (every such plan has the same makespan)
     assert initial_plan("pipemorph", replace(base, search=True), 4, 24).warmup == plain.warmup
+
+
+def test_plan_for_a_distribution_of_delays():
+    """plan_delays_std_ms: the initial plan minimises the expected makespan over plan_samples vectors
+    drawn from N(plan_delays_ms, std) -- deterministic (the same on every rank), never worse on those
+    samples than the plan for the mean alone."""
+    from titan_morph.integration.assembly import initial_plan
+    from titan_morph.integration.config import plan_delay_samples
+    from titan_morph.pipelining.robust import expected_makespan
+
+    base = replace(Morph(), stage_times_ms=[10, 10, 10], plan_delays_ms=[30], search=True, search_iterations=40)
+    assert plan_delay_samples(base, 3) is None  # no std: one vector
+    robust = replace(base, plan_delays_std_ms=[10], plan_samples=8, plan_seed=3)
+    samples = plan_delay_samples(robust, 3)
+    assert samples is not None and len(samples) == 8 and samples == plan_delay_samples(robust, 3)
+    plan, mean = initial_plan("pipemorph", robust, 4, 12), initial_plan("pipemorph", base, 4, 12)
+    assert plan.orders == initial_plan("pipemorph", robust, 4, 12).orders
+    assert expected_makespan(plan.model, plan.orders, samples) <= expected_makespan(plan.model, mean.orders, samples)
+    with pytest.raises(MorphConfigError, match="morph.plan_delays_std_ms.*needs morph.search"):
+        validate_morph(replace(robust, search=False), 4)
+    with pytest.raises(MorphConfigError, match="morph.plan_delays_std_ms.*needs plan_delays_ms"):
+        validate_morph(replace(robust, plan_delays_ms=[]), 4)

@@ -91,3 +91,24 @@ def test_initial_plan_is_rebuilt_from_measured_times_after_profile_steps():
     assert change.plan.model.fwd == (20.0,) * S and mon.initial_plan is change.plan
     assert change.plan.orders != unit.orders  # 40 ms is 2 op times at 20 ms, 20 at 1 ms: other warm-ups
     assert mon.observe(3, _profiles(3, (0.0, 0.0, 0.0), t=20.0), change.plan) is None  # once only
+
+
+def test_varying_slow_links_are_planned_for_their_samples():
+    """Delays that vary from step to step: the re-plan is evaluated on K vectors built from the slow
+    links' recent samples (their quantiles, shuffled per link); steady delays keep one vector."""
+    from titan_morph.monitor.detect import Decision
+
+    mon = _monitor(policy=AdaptPolicy(samples=8, search=True))
+    varying = tuple(float(x) for x in range(20, 61, 2))  # 20..60 ms: spread > the 5 ms quantum
+    decision = Decision(9, (0.0, 45.0, 55.0), (1, 2), (1, 2), (), ("slow",), ((), varying, (55.0,) * 12))
+    samples = mon.delay_samples(decision)
+    assert samples is not None and len(samples) == 8 and all(len(v) == S - 1 for v in samples)
+    assert {v[0] for v in samples} == {0.0} and {v[2] for v in samples} == {55.0}  # healthy; steady
+    link1 = sorted(v[1] for v in samples)
+    assert link1[0] > 20.0 and link1[-1] < 60.0 and len(set(link1)) == 8  # spread over the quantiles
+    assert samples == mon.delay_samples(decision)  # the same on every rank
+    steady = Decision(9, (0.0, 0.0, 55.0), (2,), (2,), (), ("slow",), ((), (), (54.0, 55.0, 56.0) * 4))
+    assert mon.delay_samples(steady) is None
+    assert _monitor(policy=AdaptPolicy(samples=0)).delay_samples(decision) is None
+    change = mon._adapt(decision)  # the robust search runs and returns a valid plan for the samples
+    assert change.plan.model.stages == S and change.switch == ()

@@ -601,7 +601,7 @@ class EmulatedTransport(DefaultPathOnly, MessageBook):
         # Break owner<->thread cycles and drop the extra store clients now, not at interpreter exit.
         self._senders, self._watchers = {}, {}
         self._recv_clients.clear()
-        self.inner.close()
+        self.inner.close(timeout, drain)
         if stuck:
             raise CommTimeoutError(f"EmulatedTransport.close: threads not finished in time on {', '.join(stuck)}")
 

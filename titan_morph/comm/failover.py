@@ -221,9 +221,9 @@ class FailoverTransport:
 
     def close(self, timeout: float | None = None, drain: bool = True) -> None:
         try:
-            self.primary.close()
+            self.primary.close(timeout, drain)
         finally:
-            self.delegate.close(timeout=timeout, drain=drain)
+            self.delegate.close(timeout, drain)
 
     def __enter__(self) -> FailoverTransport:
         return self

@@ -115,9 +115,9 @@ class RecordedTransport(DefaultPathOnly, MessageBook):
     def blocked_ms(self) -> dict[int, float]:
         return {}  # torch queues every send at once
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None, drain: bool = True) -> None:
         """Close ``inner`` (no threads or resources of its own)."""
-        self.inner.close()
+        self.inner.close(timeout, drain)
 
     def __enter__(self) -> RecordedTransport:
         return self

@@ -124,8 +124,9 @@ class Transport(P2P, Protocol):
         """Move ``links`` that :meth:`switch` delegated back to the default path (between steps)."""
         ...
 
-    def close(self) -> None:
-        """Finish or abandon outstanding work and release threads/resources (idempotent)."""
+    def close(self, timeout: float | None = None, drain: bool = True) -> None:
+        """Release threads, processes and resources (idempotent): after outstanding sends left
+        (``drain``, within ``timeout`` s; None = the transport's own bound) or abandoning them."""
         ...
 
 
@@ -211,7 +212,7 @@ class TorchTransport(DefaultPathOnly):
     def blocked_ms(self) -> dict[int, float]:
         return {}
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None, drain: bool = True) -> None:
         pass
 
     def __enter__(self) -> TorchTransport:

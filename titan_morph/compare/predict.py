@@ -35,7 +35,8 @@ def _plan(
     variant: Variant, morph: Any, stages: int, n: int, delays: tuple[float, ...] | None
 ) -> tuple[Any, int | None]:
     """(plan, link-queue depth to simulate it with), as the runtime and its monitor build them."""
-    from titan_morph.integration.assembly import FAMILIES, cost_model, initial_plan, transport_depth
+    from titan_morph.integration.assembly import FAMILIES, adapt_policy, cost_model, initial_plan, transport_depth
+    from titan_morph.monitor.replan import adapted_plan, search_iterations
     from titan_morph.pipelining.builders import build
 
     if variant.torch_builtin:
@@ -45,16 +46,12 @@ def _plan(
     family = FAMILIES[variant.schedule]
     if not adapted(variant, morph, delays):
         return initial_plan(family, morph, stages, n), transport_depth(morph)
-    # The monitor's policy (integration.assembly.make_monitor): with slow links delegated
-    # (auto/delegate) adapted plans drop the memory cap (or use adapt_memory_budget), non-blocking.
-    if morph.transport in ("auto", "delegate"):
-        memory, depth = (morph.adapt_memory_budget or None), None
-    else:
-        memory, depth = (morph.memory_budget or stages), morph.link_queue_depth
-    model = cost_model(morph, stages, n, memory=False).with_memory(memory).with_delays(delays or ())
-    if morph.search:
-        return build(family, model, search=True, depth=depth, time_budget_ms=morph.search_budget_ms), depth
-    return build(family, model), depth
+    # The monitor's policy: with slow links delegated (auto/delegate) adapted plans drop the memory
+    # cap (or use adapt_memory_budget) and are planned for the non-blocking path.
+    policy = adapt_policy(family, morph, stages)
+    model = cost_model(morph, stages, n, memory=False).with_memory(policy.memory).with_delays(delays or ())
+    iterations = search_iterations(model, policy.search_iterations, policy.search_budget_ms)
+    return adapted_plan(model, search=policy.search, depth=policy.depth, iterations=iterations), policy.depth
 
 
 def simulated_ms(job_config: Any, variant: Variant, skip: int) -> tuple[float | None, str]:

@@ -24,9 +24,10 @@ from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from titan_morph.comm.clock import CommonClock, sync_clock
 from titan_morph.comm.transport import TorchTransport, Transport
-from titan_morph.integration.config import link_model_from_config, plan_delays, stage_times
+from titan_morph.integration.config import link_model_from_config, plan_delay_samples, plan_delays, stage_times
 from titan_morph.monitor.adapt import AdaptPolicy, Monitor
 from titan_morph.monitor.detect import DetectRule
+from titan_morph.monitor.replan import search_iterations
 from titan_morph.pipelining.builders import build
 from titan_morph.pipelining.model import CostModel, Plan
 from titan_morph.runtime.schedule import MorphSchedule
@@ -36,6 +37,8 @@ from titan_morph.runtime.testbed import DeviceClock, StageTimes, pad_stage_compu
 __all__ = [
     "FAMILIES",
     "ScheduleRequest",
+    "adapt_policy",
+    "close_transports",
     "cost_model",
     "initial_plan",
     "make_transport",
@@ -47,6 +50,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_opened: list[Transport] = []  # this process's transports, closed at the end of training
 
 # TOML name -> builders.build name
 FAMILIES = {"PipeMorph": "pipemorph", "ZBH1": "zb-h1", "ZBH2": "zb-h2", "Morph1F1B": "1f1b-iw"}
@@ -110,7 +115,8 @@ def initial_plan(
 
     PipeMorph: Alg. 1 under ``memory_budget``; with ``plan_delays_ms``, Alg. 2 for those delays,
     and with ``search`` the simulator-guided search (for the configured transport's link queue) on
-    top. Without planned delays the search is not applied: every plan with no delay has the same
+    top, or with ``plan_delays_std_ms`` the plan with the lowest expected makespan over sampled
+    delays. Without planned delays the search is not applied: every plan with no delay has the same
     makespan, and Alg. 1's maximal slackness is what absorbs stragglers until they are detected.
     """
     model = cost_model(morph, stages, n_microbatches, memory=family == "pipemorph", times=times)
@@ -119,12 +125,32 @@ def initial_plan(
     delays = plan_delays(morph, stages - 1)
     if delays is not None:
         model = model.with_delays(delays)
-    if morph.search and delays is not None:  # without known delays Alg. 1's max-min slackness stands
-        return build(family, model, search=True, depth=transport_depth(morph), time_budget_ms=morph.search_budget_ms)
-    return build(family, model)
+    if not (morph.search and delays is not None):  # without known delays Alg. 1's max-min slackness stands
+        return build(family, model)
+    iterations = search_iterations(model, morph.search_iterations, morph.search_budget_ms)
+    samples = plan_delay_samples(morph, stages - 1)
+    if samples is not None:  # plan for N(plan_delays_ms, plan_delays_std_ms): the expected makespan
+        return build(family, model, search=True, samples=samples, iterations=iterations)
+    return build(family, model, search=True, depth=transport_depth(morph), iterations=iterations)
 
 
 def make_transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = False) -> Transport | None:
+    """:func:`_transport` for this rank, remembered so that :func:`close_transports` closes it."""
+    transport = _transport(req, clock, monitored=monitored)
+    if transport is not None:
+        _opened.append(transport)
+    return transport
+
+
+def close_transports(*, drain: bool) -> None:
+    """Close this process's transports (their threads and delegate processes) while the process
+    groups still exist: called at the end of training, before TorchTitan destroys them. ``drain``:
+    let queued sends leave first (a finished run), else abandon them (a failed one)."""
+    while _opened:
+        _opened.pop().close(drain=drain)
+
+
+def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = False) -> Transport | None:
     """The transport of ``[morph] transport`` for this rank, on ``clock``; None for plain
     torch.distributed (no injection, default transport, nothing to record).
 
@@ -178,26 +204,32 @@ def prepare_stage(req: ScheduleRequest) -> DeviceClock | None:
     return pad_stage_compute(req.stage, StageTimes(f, b, w))
 
 
-def make_monitor(family: str, morph: Any, plan: Plan, stages: int, n_microbatches: int) -> Monitor:
-    """The monitor of a titan_morph schedule: it measures every one; it re-plans only PipeMorph with
-    ``adapt``. Adapted plans are searched for the delegated (non-blocking) path and, per §4.2,
-    without the memory cap (or under ``adapt_memory_budget``) when slow links are delegated
-    (``auto``/``delegate``); with the default transport they keep ``memory_budget`` and its blocking
-    link queue. When the stage times are unknown, the initial plan is rebuilt from the times
-    measured over the first ``profile_steps`` steps."""
-    delegated = morph.transport in ("auto", "delegate")
-    if delegated:
+def adapt_policy(family: str, morph: Any, stages: int) -> AdaptPolicy:
+    """What the monitor's decisions may change: it re-plans only PipeMorph with ``adapt``. Adapted
+    plans are searched for the delegated (non-blocking) path and, per §4.2, without the memory cap
+    (or under ``adapt_memory_budget``) when slow links are delegated (``auto``/``delegate``); with
+    the default transport they keep ``memory_budget`` and its blocking link queue."""
+    if morph.transport in ("auto", "delegate"):
         memory, depth = morph.adapt_memory_budget or None, None
     else:
         memory, depth = morph.memory_budget or stages, morph.link_queue_depth
-    policy = AdaptPolicy(
+    return AdaptPolicy(
         enabled=morph.adapt and family == "pipemorph",
         memory=memory,
         search=morph.search,
+        search_iterations=morph.search_iterations,
         search_budget_ms=morph.search_budget_ms,
+        samples=morph.plan_samples,
         depth=depth,
         delegate_slow_links=morph.transport == "auto",
     )
+
+
+def make_monitor(family: str, morph: Any, plan: Plan, stages: int, n_microbatches: int) -> Monitor:
+    """The monitor of a titan_morph schedule (:func:`adapt_policy`): it measures every one. When the
+    stage times are unknown, the initial plan is rebuilt from the times measured over the first
+    ``profile_steps`` steps."""
+    policy = adapt_policy(family, morph, stages)
     rule = DetectRule(
         detect_steps=morph.detect_consecutive,
         recover_steps=morph.recover_consecutive,

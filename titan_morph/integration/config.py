@@ -276,16 +276,37 @@ class Morph:
     the delays later. When set, the initial plan is Alg. 2 for these delays (+ the search when
     ``search``)."""
 
+    plan_delays_std_ms: PlanDelayList = field(default_factory=list)
+    """Standard deviation of the planned delays in ms (one per link, or one for all): PipeMorph's
+    initial plan is then made for the distribution N(plan_delays_ms, this), minimising the expected
+    makespan over ``plan_samples`` sampled delay vectors (needs ``search``); [] = plan for the fixed
+    ``plan_delays_ms``."""
+
+    plan_samples: Annotated[int, Range(0, 1024)] = 16
+    """Delay vectors a plan for varying delays is evaluated on (common to all candidates): for
+    ``plan_delays_std_ms``, and when the monitor re-plans links whose measured delays vary from step
+    to step (their recent samples; slow links on the delegates, with ``search``). 0 = always plan
+    for one delay vector."""
+
+    plan_seed: int = 0
+    """Seed of the sampled delay vectors of ``plan_delays_std_ms`` (the same on every rank)."""
+
     profile_steps: Annotated[int, Range(1)] = 2
-    """Training steps profiled (per-op compute times, link delays) before the first plan when
-    ``stage_times_ms`` is empty."""
+    """Training steps profiled (per-op compute times) before the initial plan is rebuilt from the
+    measured times, when ``stage_times_ms`` is empty and ``plan_delays_ms`` is set (needs
+    ``monitor``)."""
 
     search: Bool = False
-    """Refine the planned warm-up counts by a bounded search over nearby plans, evaluated with the
-    simulator (PipeMorph schedule only)."""
+    """Refine PipeMorph's plan by the simulator-guided search (warm-ups, in-flight caps and op
+    orders), seeded with Alg. 1/2 and every baseline that fits the memory budget."""
+
+    search_iterations: Annotated[int, Range(0)] = 0
+    """The search's work, in iterations: it fixes the plan (the same on every rank), and more never
+    gives a worse one. 0 = as many as take about ``search_budget_ms`` of CPU on the reference box."""
 
     search_budget_ms: Annotated[float, Range(0, low_open=True)] = 200.0
-    """Wall-clock budget of that search per re-plan, in ms."""
+    """The search's work in ms of CPU when ``search_iterations`` is 0, converted into a fixed number
+    of iterations (so the plan does not depend on the machine's load)."""
 
     transport: Transport = "default"
     """Pipeline send/recv path: default (torch.distributed P2P) | delegate (via host-side delegate
@@ -559,6 +580,15 @@ def validate_morph(morph: Morph, pp_degree: int | None = None, *, delay_limit_ms
             )
     if morph.adapt and not morph.monitor:
         raise _fail("morph.adapt", morph.adapt, "needs morph.monitor = true (adaptation acts on the monitor's data)")
+    if _values(morph, "plan_delays_std_ms", layout, "morph.plan_delays_std_ms"):
+        if not _values(morph, "plan_delays_ms", layout, "morph.plan_delays_ms"):
+            raise _fail("morph.plan_delays_std_ms", morph.plan_delays_std_ms, "needs plan_delays_ms (the mean delays)")
+        if not morph.search:
+            raise _fail(
+                "morph.plan_delays_std_ms",
+                morph.plan_delays_std_ms,
+                "needs morph.search = true (a plan for a distribution of delays is searched for)",
+            )
 
     inj = morph.inject
     if inj.end_step != 0 and inj.end_step < inj.start_step:
@@ -675,6 +705,19 @@ def stage_times(morph: Morph, stages: int) -> tuple[tuple[float, float, float], 
 def plan_delays(morph: Morph, num_links: int) -> tuple[float, ...] | None:
     """The per-link delays PipeMorph plans for from the start, or None (Alg. 1 without delays)."""
     return parse_plan_delays(morph.plan_delays_ms, num_links)
+
+
+def plan_delay_samples(morph: Morph, num_links: int) -> tuple[tuple[float, ...], ...] | None:
+    """``plan_samples`` delay vectors from N(``plan_delays_ms``, ``plan_delays_std_ms``), or None when
+    the initial plan is made for one vector (no std, or no samples)."""
+    from titan_morph.pipelining.robust import sample_delays
+
+    mean = plan_delays(morph, num_links)
+    layout = _Layout(num_links + 1)
+    std = _values(morph, "plan_delays_std_ms", layout, "morph.plan_delays_std_ms")
+    if mean is None or not std or not morph.plan_samples:
+        return None
+    return sample_delays(mean, std, links=num_links, samples=morph.plan_samples, seed=morph.plan_seed)
 
 
 @dataclass

@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import logging
 import math
+import random
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from titan_morph.monitor.delays import LinkEstimate, estimate_links
+from titan_morph.monitor.delays import LinkEstimate, estimate_links, quantile
 from titan_morph.monitor.detect import Decision, Detector, DetectRule
 from titan_morph.monitor.profile import StepProfile
-from titan_morph.monitor.replan import MeasuredTimes, adapted_plan
+from titan_morph.monitor.replan import MeasuredTimes, adapted_plan, search_iterations
 from titan_morph.pipelining.model import CostModel, Plan
 from titan_morph.pipelining.slackness import tolerance_ms
 
@@ -38,9 +40,11 @@ class AdaptPolicy:
     enabled: bool = True  # re-plan (PipeMorph with ``adapt = true``); False = measure and report only
     memory: int | None = None  # cap on in-flight microbatches of adapted plans (None = none, §4.2)
     search: bool = False
+    search_iterations: int = 0  # the search's fixed work (0 = what takes ~search_budget_ms of CPU)
     search_budget_ms: float = 200.0
     depth: int | None = None  # link-queue depth adapted plans are evaluated with (None = delegated)
     delegate_slow_links: bool = False  # ``auto`` transport: slow links go to the delegates
+    samples: int = 0  # plan for this many delay vectors when a slow link's delay varies (0 = never)
 
 
 @dataclass(frozen=True)
@@ -134,14 +138,19 @@ class Monitor:
 
     def _adapt(self, decision: Decision) -> Change:
         t0 = time.monotonic()
+        policy = self.policy
         if decision.all_healthy:
             plan = self.initial_plan
         else:
-            model = self.times.model(self.microbatches, decision.delays_ms, self.policy.memory)
+            model = self.times.model(self.microbatches, decision.delays_ms, policy.memory)
             plan = adapted_plan(
-                model, search=self.policy.search, depth=self.policy.depth, budget_ms=self.policy.search_budget_ms
+                model,
+                search=policy.search,
+                depth=policy.depth,
+                iterations=search_iterations(model, policy.search_iterations, policy.search_budget_ms),
+                samples=self.delay_samples(decision),
             )
-        moving = self.policy.delegate_slow_links
+        moving = policy.delegate_slow_links
         return Change(
             decision.step,
             plan,
@@ -152,6 +161,31 @@ class Monitor:
             replan_ms=(time.monotonic() - t0) * 1e3,
             decision=decision,
         )
+
+    def delay_samples(self, decision: Decision) -> list[tuple[float, ...]] | None:
+        """``policy.samples`` per-link delay vectors from the slow links' recent measurements, when
+        one of them varies from step to step (spread above the detector's rounding quantum); None:
+        plan for the one vector ``decision.delays_ms``.
+
+        Vector j holds, for each slow link, the ((j + 0.5) / K)-quantile of its recent samples, the
+        links' quantiles paired by a fixed shuffle per link (the same on every rank), so the vectors
+        cover each link's spread without assuming the links move together; healthy links get 0.
+        """
+        k, windows = self.policy.samples, decision.windows_ms
+        if k <= 0 or not windows:
+            return None
+        spread = [statistics.pstdev(w) if len(w) > 1 else 0.0 for w in windows]
+        if not any(s > self.detector.rule.quantum_ms for s in spread):
+            return None
+        columns = []
+        for link, window in enumerate(windows):
+            if not window:
+                columns.append([decision.delays_ms[link]] * k)
+                continue
+            values = [quantile(window, (j + 0.5) / k) for j in range(k)]
+            random.Random(link).shuffle(values)
+            columns.append(values)
+        return [tuple(col[j] for col in columns) for j in range(k)]
 
     def metrics(self, delegated: frozenset[int]) -> dict[str, float]:
         """TensorBoard scalars of the last step (identical on every rank)."""

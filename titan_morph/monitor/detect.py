@@ -85,6 +85,8 @@ class Decision:
     newly_slow: tuple[int, ...]
     recovered: tuple[int, ...]
     reasons: tuple[str, ...]
+    # per link: the exact delay samples of the last k steps behind a slow link's plan (() if healthy)
+    windows_ms: tuple[tuple[float, ...], ...] = ()
 
     @property
     def all_healthy(self) -> bool:
@@ -164,4 +166,5 @@ class Detector:
                 state.planned_ms, state.over, state.eased, changed = max(target, rule.quantum_ms), 0, 0, True
         if not (newly or recovered or changed):
             return None
-        return Decision(step, self.planned_ms, self.slow_links, tuple(newly), tuple(recovered), tuple(reasons))
+        windows = tuple(tuple(x for xs in state.recent for x in xs) if state.slow else () for state in self.links)
+        return Decision(step, self.planned_ms, self.slow_links, tuple(newly), tuple(recovered), tuple(reasons), windows)

@@ -2,7 +2,7 @@
 
 Stage times come from the profiles (median over a window of steps, so one noisy step does not
 move the plan), rounded to 0.1 ms so that every rank builds exactly the same cost model from the
-same gathered numbers. The search's budget is counted in estimated work, not wall time, so the
+same gathered numbers. The search's work is a fixed number of iterations, not wall time, so the
 plan is a pure function of its inputs (the runtime's per-step exchange checks that every rank runs
 the same plan).
 """
@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from titan_morph.monitor.profile import StepProfile
 from titan_morph.pipelining.builders import build
 from titan_morph.pipelining.model import CostModel, Plan
+from titan_morph.pipelining.search import iterations_for_ms
 
-__all__ = ["MeasuredTimes", "adapted_plan"]
+__all__ = ["MeasuredTimes", "adapted_plan", "search_iterations"]
 
 
 class MeasuredTimes:
@@ -62,8 +63,26 @@ class MeasuredTimes:
         )
 
 
-def adapted_plan(model: CostModel, *, search: bool, depth: int | None, budget_ms: float = 200.0) -> Plan:
-    """PipeMorph's plan for ``model``'s delays: Alg. 2, refined by the search when ``search``."""
-    if search:
-        return build("pipemorph", model, search=True, depth=depth, time_budget_ms=budget_ms)
-    return build("pipemorph", model)
+def search_iterations(model: CostModel, iterations: int, budget_ms: float) -> int:
+    """The search's fixed work for ``model``: ``iterations`` when set (> 0), else the count that takes
+    about ``budget_ms`` of CPU on the reference box -- a pure function of the inputs, so every rank
+    searches the same way and builds the same plan, whatever its load."""
+    return iterations if iterations > 0 else iterations_for_ms(model, budget_ms)
+
+
+def adapted_plan(
+    model: CostModel,
+    *,
+    search: bool,
+    depth: int | None,
+    iterations: int,
+    samples: Sequence[Sequence[float]] | None = None,
+) -> Plan:
+    """PipeMorph's plan for ``model``'s delays: Alg. 2, refined by the search when ``search`` (with
+    ``iterations``); for ``samples`` (per-link delay vectors; non-blocking links) the plan with the
+    lowest expected makespan over them."""
+    if not search:
+        return build("pipemorph", model)
+    if samples is not None and depth is None:
+        return build("pipemorph", model, search=True, samples=samples, iterations=iterations)
+    return build("pipemorph", model, search=True, depth=depth, iterations=iterations)
