@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DEFAULT_CONFIG, REPO
 
+from tests.launch import DEFAULT_CONFIG, REPO
 from titan_morph.compare.runner import MARKER_ENV, marked_processes
 from titan_morph.launch import LaunchError, load_toml, shm_segments, tyro_error_line
 
