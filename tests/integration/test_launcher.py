@@ -58,7 +58,7 @@ BAD_INPUTS = {
     ),
     "delegates-65": (["--morph.delegates_per_link", "65"], "error: morph.delegates_per_link: 65 is out of range"),
     "1f1b-microbatches": (
-        ["--training.local_batch_size", "2"],
+        ["--parallelism.pipeline_parallel_schedule", "1F1B", "--training.local_batch_size", "2"],
         "error: parallelism.pipeline_parallel_schedule: '1F1B'",
     ),
     "delay-1e6": (["--morph.inject.delays_ms", "1e6"], "error: morph.inject.delays_ms: 1000000.0 is out of range"),
