@@ -230,7 +230,8 @@ def build_plain(
         limit = (model.stages + 1,) * model.ranks  # DualPipeV's 2R + 1 microbatches in flight
         _check_memory(name, model, limit)
         static = replace(model, memory=None, delays=(0.0,) * model.num_links)
-        return Plan(name, x, generate(static, x, limit=limit, policy=REFILL), model)
+        orders = generate(static, x, limit=limit, policy=REFILL)
+        return Plan(name, warmup_counts(model, orders), orders, model)
     _check_memory(name, model, [sum(x[s] for s in model.rank_stages(r)) for r in range(model.ranks)])
     if name == "gpipe":
         return Plan(name, x, _gpipe(model), model)
