@@ -94,7 +94,8 @@ def message_latencies(profiles: Sequence[StepProfile]) -> dict[int, list[float]]
 
 
 def pipeline_ms(profiles: Sequence[StepProfile], num_stages: int) -> float | None:
-    """Stage 0's start to the latest end of any stage (None unless every stage reported)."""
+    """Stage 0's start to the latest end of any stage (None unless every rank reported; with one
+    profile per rank, ``num_stages`` counts ranks)."""
     if len(profiles) != num_stages or profiles[0].stage != 0:
         return None
     span = max(p.end_ms for p in profiles) - profiles[0].start_ms
@@ -105,7 +106,8 @@ def pipeline_metrics(profiles: Sequence[StepProfile], num_stages: int) -> dict[s
     """Figures over all stages of one step (the exchanged profiles, ms on the common clock).
 
     ``morph/pipeline_ms``: stage 0's start to the latest end of any stage -- what the simulator's
-    makespan measures; ``morph/bubble_rate``: 1 - busy / (S x that span); per-stage idle and send
+    makespan measures; ``morph/bubble_rate``: 1 - busy / (R x that span) over the ``num_stages``
+    profiles, one per rank (R = S with one stage per rank); per-rank (``stage{i}``) idle and send
     blocking; failovers counted on both ends of a link; message latencies (mean: latencies add up
     along the critical path, tail included) and send lateness.
     """
@@ -131,7 +133,7 @@ def pipeline_metrics(profiles: Sequence[StepProfile], num_stages: int) -> dict[s
 def predicted_ms(plan: Plan, links: LinkModel | None, depth: int | None, step: int, t0_ms: float) -> float | None:
     """The simulator's makespan of ``plan`` for TorchTitan step ``step`` starting at ``t0_ms`` on the
     common clock, under the transport's link model and queue depth (None when it cannot complete)."""
-    model = plan.model.with_delays((0.0,) * (plan.model.stages - 1))
+    model = plan.model.with_delays((0.0,) * plan.model.num_links)
     try:
         return simulate(model, plan.orders, links=links, depth=depth, step=step, t0=t0_ms).makespan
     except (LinkDownError, RuntimeError, ValueError):
