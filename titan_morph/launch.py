@@ -242,10 +242,15 @@ def validate(job_config: Any) -> None:
     and, for titan_morph's TrainSpec, the schedule name (after importing ``[experimental]
     custom_import``, which may register schedules). Raises ``MorphConfigError``."""
     from titan_morph.integration.config import MorphConfigError, validate_job_config
-
-    validate_job_config(job_config)
-    par = job_config.parallelism
     from titan_morph.integration.train_spec import TRAIN_SPEC_NAME
+
+    par = job_config.parallelism
+    per_rank: int | None = 1  # per-stage [morph] lists hold one value per stage: 2 per rank in a V
+    if par.pipeline_parallel_degree > 1 and job_config.model.name == TRAIN_SPEC_NAME:
+        from titan_morph.integration.schedules import stages_per_rank_of
+
+        per_rank = stages_per_rank_of(par.pipeline_parallel_schedule, par.pipeline_parallel_layers_per_stage)
+    validate_job_config(job_config, stages_per_rank=per_rank)
 
     if par.pipeline_parallel_degree > 1 and job_config.model.name == TRAIN_SPEC_NAME:
         from titan_morph.integration.schedules import check_schedule_name, schedule_names
