@@ -306,9 +306,21 @@ def torch_builder(cls: type) -> Callable[[ScheduleRequest], _PipelineSchedule]:
             loss_fn=req.loss_fn,
             scale_grads=False,
         )
-        if not needs_transport(req.job_config.morph):
+        morph = req.job_config.morph
+        if not needs_transport(morph):
             return schedule
-        _check_adjacent_links(req, schedule)
+        hop = _non_adjacent_hop(req, schedule)
+        if hop is not None:
+            if morph.inject.mode == "none" and morph.transport == "auto":
+                # auto only fails over links between adjacent ranks; torch's own P2P carries the rest
+                logger.warning("titan_morph: %s; transport auto: torch's P2P carries this schedule", hop)
+                return schedule
+            raise ValueError(
+                f"[parallelism] pipeline_parallel_schedule = {req.name!r}: {hop}: the [morph.inject] link emulator"
+                " and the delegated transport cannot carry it; with [morph.inject] or transport = 'delegate' use"
+                " pipeline_parallel_degree = 2, a V schedule (ZBVZeroBubble, DualPipeV, PipeMorphV) or a"
+                " one-stage-per-rank schedule"
+            )
         transport = make_transport(req, sync_clock(req.stage.group))
         assert transport is not None
         inner, steps = schedule._step_microbatches, 0
@@ -327,20 +339,16 @@ def torch_builder(cls: type) -> Callable[[ScheduleRequest], _PipelineSchedule]:
     return build_schedule
 
 
-def _check_adjacent_links(req: ScheduleRequest, schedule: Any) -> None:
-    """The transports carry traffic between adjacent ranks only (link i joins ranks i and i+1);
-    a looped schedule's hop from the last rank back to rank 0 is no such link once PP > 2."""
+def _non_adjacent_hop(req: ScheduleRequest, schedule: Any) -> str | None:
+    """The transports carry traffic between adjacent ranks only (link i joins ranks i and i+1); a
+    looped schedule's hop from the last rank back to rank 0 is no such link once PP > 2. Returns
+    the first such hop, described, or None."""
     mapping = getattr(schedule, "stage_index_to_group_rank", None) or {}
     for s in range(req.stage.num_stages - 1):
         a, b = mapping.get(s, 0), mapping.get(s + 1, 0)
         if abs(a - b) > 1:
-            raise ValueError(
-                f"[parallelism] pipeline_parallel_schedule = {req.name!r} sends stage {s}'s output from rank {a}"
-                f" to rank {b}, which is not a link between adjacent ranks: the [morph.inject] link emulator and"
-                " the delegated transport cannot carry it; with [morph.inject] or a non-default [morph] transport"
-                " use pipeline_parallel_degree = 2, a V schedule (ZBVZeroBubble, DualPipeV, PipeMorphV) or a"
-                " one-stage-per-rank schedule"
-            )
+            return f"stage {s}'s output goes from rank {a} to rank {b}, not a link between adjacent ranks"
+    return None
 
 
 def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]:

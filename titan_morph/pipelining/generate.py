@@ -261,9 +261,10 @@ def run_generator(
     ready_i: list[list[int]] = [[] for _ in range(s_count)]
     ready_w: list[list[int]] = [[] for _ in range(s_count)]
     ready_f[0] = list(range(n))  # a sorted list is a valid heap
-    # Arrival times of inputs already on their way (known when the producer starts), per rank.
-    coming_i: list[list[float]] = [[] for _ in range(r_count)]
-    coming_f: list[list[float]] = [[] for _ in range(r_count)]
+    # Arrival times of inputs already on their way from another rank (known when the producer
+    # starts), per stage.
+    coming_i: list[list[float]] = [[] for _ in range(s_count)]
+    coming_f: list[list[float]] = [[] for _ in range(s_count)]
     track = any(p & (WAIT_W | WAIT_F | WAIT_W_FOR_F) for p in policy)  # are arrival times needed?
     warm_left = list(warmup)
     warm_rank = [sum(warmup[s] for s in stages_of[r]) for r in range(r_count)]  # warm-up forwards owed
@@ -315,7 +316,9 @@ def run_generator(
                     and n - f_stage[up] == down_done[r]  # no first-leg microbatch is past the second leg
                 )
                 room = lim - in_flight[r] - warm_rank[r] - held
-                for s in stages_of[r]:
+                mine = stages_of[r]
+                wait = 5  # the earliest phase a stage chose to wait in: nothing of it or later runs
+                for s in mine:
                     rf = ready_f[s]
                     free = room > 0 or (held and s == up)
                     if warm_left[s] > 0:
@@ -326,19 +329,31 @@ def run_generator(
                         cand = (2, ready_i[s][0], -s)
                     elif rf and free:
                         cand = (3, rf[0], -s)
-                        if p & WAIT_F and coming_i[r] and coming_i[r][0] < now + tf[s]:
-                            cand = None
+                        if p & WAIT_F:  # a gradient the rank will take (its stage past warm-up) comes first
+                            due = now + tf[s]
+                            for q in mine:
+                                if not warm_left[q] and coming_i[q] and coming_i[q][0] < due:
+                                    cand, wait = None, min(wait, 3)
                     elif ready_w[s]:
                         cand = (4, ready_w[s][0], -s)
-                        if p & WAIT_W and coming_i[r] and coming_i[r][0] < now + tw[s]:
-                            cand = None
-                        elif p & WAIT_W_FOR_F and coming_f[r] and coming_f[r][0] < now + tw[s] and free:
-                            cand = None
+                        due = now + tw[s]
+                        if p & WAIT_W:
+                            for q in mine:
+                                if not warm_left[q] and coming_i[q] and coming_i[q][0] < due:
+                                    cand, wait = None, min(wait, 4)
+                        if p & WAIT_W_FOR_F and cand is not None:  # an input the rank may forward comes first
+                            for q in mine:
+                                if (
+                                    coming_f[q]
+                                    and coming_f[q][0] < due
+                                    and (warm_left[q] or room > 0 or held and q == up)
+                                ):
+                                    cand, wait = None, min(wait, 4)
                     else:
                         cand = None
                     if cand is not None and (best is None or cand < best):
                         best = cand
-                if best is None:
+                if best is None or best[0] >= wait:
                     continue
                 phase, m, s = best
                 s = -s
@@ -360,9 +375,8 @@ def run_generator(
                     else:
                         q = qf[s]
                         arrive = end if q is None else q.send(t0 + end, step).delivered - t0
-                    r2 = rank_of[s + 1]
-                    if track and r2 != r:
-                        heappush(coming_f[r2], arrive)
+                    if track and rank_of[s + 1] != r:
+                        heappush(coming_f[s + 1], arrive)
                     seq += 1
                     heappush(events, (arrive, seq, s + 1, _ARRIVE_F, m))
             elif code == _I:
@@ -375,9 +389,8 @@ def run_generator(
                     else:
                         q = qb[s]
                         arrive = end if q is None else q.send(t0 + end, step).delivered - t0
-                    r2 = rank_of[s - 1]
-                    if track and r2 != r:
-                        heappush(coming_i[r2], arrive)
+                    if track and rank_of[s - 1] != r:
+                        heappush(coming_i[s - 1], arrive)
                     seq += 1
                     heappush(events, (arrive, seq, s - 1, _ARRIVE_I, m))
             else:
@@ -407,12 +420,12 @@ def run_generator(
             if code == _ARRIVE_F:
                 heappush(ready_f[s], m)
                 if track and rank_of[s - 1] != r:
-                    heappop(coming_f[r])
+                    heappop(coming_f[s])
                 continue
             if code == _ARRIVE_I:
                 heappush(ready_i[s], m)
                 if track and rank_of[s + 1] != r:
-                    heappop(coming_i[r])
+                    heappop(coming_i[s])
                 continue
             busy[r] = False
             done[r] += 1
