@@ -38,7 +38,7 @@ class AdaptPolicy:
     """What a decision may change (from ``[morph]``)."""
 
     enabled: bool = True  # re-plan (PipeMorph with ``adapt = true``); False = measure and report only
-    memory: int | None = None  # cap on in-flight microbatches of adapted plans (None = none, §4.2)
+    memory: int | tuple[int, ...] | None = None  # in-flight cap of adapted plans, per rank (None = none, §4.2)
     search: bool = False
     search_iterations: int = 0  # the search's fixed work (0 = what takes ~search_budget_ms of CPU)
     search_budget_ms: float = 200.0
