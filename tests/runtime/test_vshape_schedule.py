@@ -12,23 +12,8 @@ import pytest
 
 from tests.launch import run_ranks
 
-MICROBATCHES, BATCH, ITERS, LR, WIDTH = 8, 16, 3, 0.05, 16
-
-
-def _build_model(stages: int):
-    import torch
-    from torch import nn
-
-    torch.manual_seed(0)
-    blocks = [nn.Sequential(nn.Linear(8 if s == 0 else WIDTH, WIDTH), nn.Tanh()) for s in range(stages - 1)]
-    return nn.Sequential(*blocks, nn.Linear(WIDTH, 4))
-
-
-def _data(it: int):
-    import torch
-
-    g = torch.Generator().manual_seed(100 + it)
-    return torch.randn(BATCH, 8, generator=g), torch.randn(BATCH, 4, generator=g)
+# The same tiny MLP, data and training settings as the one-stage runtime test (2R blocks here).
+from tests.runtime.test_morph_schedule import ITERS, LR, MICROBATCHES, _build_model, _data
 
 
 def _plans(mode: str, ranks: int):
