@@ -69,8 +69,9 @@ def record_metrics(record: StepRecord, plan: Plan, plan_changes: int, planned_bu
     }
     if record.planned_makespan_ms is not None:
         out["morph/planned_makespan_ms"] = record.planned_makespan_ms
-    for link, delta in enumerate(plan.slackness):
-        out[f"morph/slackness/link{link}"] = float(delta)
+    model = plan.model
+    for link in range(model.num_links):  # a link's slackness: the least of the hops it carries (two in the V)
+        out[f"morph/slackness/link{link}"] = float(min(plan.slackness[hop] for hop in model.link_hops(link)))
     for link, ms in sorted(record.blocked_ms.items()):
         out[f"morph/blocked_ms/link{link}"] = ms
     return out
