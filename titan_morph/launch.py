@@ -242,10 +242,15 @@ def validate(job_config: Any) -> None:
     and, for titan_morph's TrainSpec, the schedule name (after importing ``[experimental]
     custom_import``, which may register schedules). Raises ``MorphConfigError``."""
     from titan_morph.integration.config import MorphConfigError, validate_job_config
-
-    validate_job_config(job_config)
-    par = job_config.parallelism
     from titan_morph.integration.train_spec import TRAIN_SPEC_NAME
+
+    par = job_config.parallelism
+    per_rank: int | None = 1  # per-stage [morph] lists hold one value per stage: 2 per rank in a V
+    if par.pipeline_parallel_degree > 1 and job_config.model.name == TRAIN_SPEC_NAME:
+        from titan_morph.integration.schedules import stages_per_rank_of
+
+        per_rank = stages_per_rank_of(par.pipeline_parallel_schedule, par.pipeline_parallel_layers_per_stage)
+    validate_job_config(job_config, stages_per_rank=per_rank)
 
     if par.pipeline_parallel_degree > 1 and job_config.model.name == TRAIN_SPEC_NAME:
         from titan_morph.integration.schedules import check_schedule_name, schedule_names
@@ -505,12 +510,27 @@ def supervise(cmd: list[str], env: Mapping[str, str] | None = None) -> int:
     return 128 + received[0] if received else code
 
 
+def _loss_rank(job_config: Any, n: int) -> int:
+    """The rank that logs the loss: the last one, or rank 0 for a V schedule (ZBVZeroBubble,
+    DualPipeV, PipeMorphV), whose last stage runs there."""
+    par = job_config.parallelism
+    if par.pipeline_parallel_degree > 1:
+        from titan_morph.integration.schedules import schedule_placement
+
+        try:
+            if schedule_placement(par.pipeline_parallel_schedule) == "v":
+                return 0
+        except ValueError:  # not a schedule titan_morph knows: TorchTitan's own rule below
+            pass
+    return n - 1
+
+
 def run(config_file: str, overrides: list[str], *, nproc: int | None = None, log_rank: str = "") -> int:
     """``./run_train.sh``: check, then replace this process by the supervisor of torchrun (so the
     memory of the check's imports is not held during training). Returns only on a bad config."""
     job_config = check(config_file, overrides)
     n = nproc or _ranks({name: getattr(job_config.parallelism, name) for name in DEGREES})
-    shown = log_rank or str(n - 1)
+    shown = log_rank or str(_loss_rank(job_config, n))
     run_id = os.environ.setdefault("TITAN_MORPH_RUN_ID", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
     print(
         f"run_train.sh: {n} ranks, config {config_file}, run id {run_id}, showing rank(s) {shown}",

@@ -72,7 +72,9 @@ def test_pipemorph_under_memory_and_links() -> None:
 
 def test_build_errors() -> None:
     model = CostModel.uniform(2, 4, 1, 1, 1)
-    with pytest.raises(ValueError, match="unknown schedule 'zb-v'"):
+    with pytest.raises(ValueError, match="unknown schedule 'zb-v3'"):
+        build("zb-v3", model)
+    with pytest.raises(ValueError, match="'zb-v' places two stages per rank in a V: it needs stages_per_rank = 2"):
         build("zb-v", model)
     with pytest.raises(ValueError, match="unknown option"):
         build("zb-h1", model, colour="red")

@@ -161,7 +161,7 @@ def test_generator_under_time_varying_links_matches_the_timing_routine() -> None
 
 def test_bad_policy() -> None:
     model = CostModel.uniform(3, 4, 1, 1, 1)
-    with pytest.raises(ValueError, match="policy_1 = 16 out of range"):
-        generate(model, (3, 2, 1), policy=(0, 16, 0))
+    with pytest.raises(ValueError, match="policy_1 = 32 out of range"):
+        generate(model, (3, 2, 1), policy=(0, 32, 0))
     with pytest.raises(ValueError, match="policy needs 1 or 3 values"):
         generate(model, (3, 2, 1), policy=(0, 1))

@@ -28,7 +28,8 @@ from titan_morph.integration.config import link_model_from_config, plan_delay_sa
 from titan_morph.monitor.adapt import AdaptPolicy, Monitor
 from titan_morph.monitor.detect import DetectRule
 from titan_morph.monitor.replan import search_iterations
-from titan_morph.pipelining.builders import build
+from titan_morph.pipelining.baselines import zbv_memory
+from titan_morph.pipelining.builders import V_SCHEDULES, build
 from titan_morph.pipelining.model import CostModel, Plan
 from titan_morph.runtime.schedule import MorphSchedule
 from titan_morph.runtime.summary import summary_lines
@@ -55,16 +56,19 @@ _opened: list[Transport] = []  # this process's transports, closed at the end of
 
 # TOML name -> builders.build name
 FAMILIES = {"PipeMorph": "pipemorph", "ZBH1": "zb-h1", "ZBH2": "zb-h2", "Morph1F1B": "1f1b-iw"}
+V_FAMILIES = {"PipeMorphV": "pipemorph-v"}
+"""titan_morph's schedules with two stages per rank (TorchTitan's V-style stage split)."""
 
 
 @dataclass
 class ScheduleRequest:
-    """Everything a schedule builder may need; one stage per rank."""
+    """Everything a schedule builder may need: this rank's stage(s) and the run's settings."""
 
     name: str
     """The schedule name as written in the config."""
     stage: PipelineStage
-    """This rank's stage (``stage.stage_index``, ``stage.num_stages``, ``stage.group``)."""
+    """This rank's (first) stage (``stage.stage_index``, ``stage.num_stages``, ``stage.group``,
+    ``stage.group_rank``)."""
     n_microbatches: int
     """N = local_batch_size / pipeline_parallel_microbatch_size."""
     loss_fn: Callable[..., Any] | None
@@ -73,6 +77,13 @@ class ScheduleRequest:
     """The merged JobConfig (``job_config.morph`` holds the [morph] options)."""
     parallel_dims: Any = None
     """TorchTitan's ParallelDims (``get_mesh("pp")``)."""
+    stages: list[PipelineStage] | None = None
+    """All of this rank's stages when it runs several (TorchTitan's loop or V split); None: [stage]."""
+
+    @property
+    def local_stages(self) -> list[PipelineStage]:
+        """This rank's stages (one, or several for a multi-stage schedule)."""
+        return list(self.stages) if self.stages else [self.stage]
 
 
 def cost_model(
@@ -82,19 +93,29 @@ def cost_model(
     *,
     memory: bool,
     times: tuple[tuple[float, float, float], ...] | None = None,
+    stages_per_rank: int = 1,
 ) -> CostModel:
     """The cost model plans are made from (``memory`` applies ``[morph] memory_budget``; ``times``
-    replaces the configured stage times, e.g. by measured ones)."""
+    replaces the configured stage times, e.g. by measured ones; ``stages_per_rank = 2``: the V).
+    A budget of 0 means the PP degree with one stage per rank, and what ZB-V holds in the V."""
     times = times or stage_times(morph, stages) or ((1.0, 1.0, 1.0),) * stages
-    budget = (morph.memory_budget or stages) if memory else None
-    return CostModel(
+    model = CostModel(
         stages,
         n_microbatches,
         tuple(t[0] for t in times),
         tuple(t[1] for t in times),
         tuple(t[2] for t in times),
-        memory=budget,
+        stages_per_rank=stages_per_rank,
     )
+    return model.with_memory(default_memory(model, morph.memory_budget) if memory else None)
+
+
+def default_memory(model: CostModel, budget: int) -> int | tuple[int, ...]:
+    """``[morph] memory_budget`` for ``model``'s placement: itself when set, else the PP degree (one
+    stage per rank) or what ZB-V holds per rank (the V), so that PipeMorph-V spends ZB-V's memory."""
+    if budget:
+        return budget
+    return model.ranks if model.stages_per_rank == 1 else zbv_memory(model)
 
 
 def transport_depth(morph: Any) -> int | None:
@@ -113,22 +134,25 @@ def initial_plan(
 ) -> Plan:
     """The plan a schedule starts with (same on every rank: a pure function of the config).
 
-    PipeMorph: Alg. 1 under ``memory_budget``; with ``plan_delays_ms``, Alg. 2 for those delays,
-    and with ``search`` the simulator-guided search (for the configured transport's link queue) on
-    top, or with ``plan_delays_std_ms`` the plan with the lowest expected makespan over sampled
-    delays. Without planned delays the search is not applied: every plan with no delay has the same
-    makespan, and Alg. 1's maximal slackness is what absorbs stragglers until they are detected.
+    PipeMorph (and PipeMorph-V, two stages per rank): Alg. 1 under ``memory_budget``; with
+    ``plan_delays_ms``, Alg. 2 for those delays, and with ``search`` the simulator-guided search
+    (for the configured transport's link queue) on top, or with ``plan_delays_std_ms`` the plan with
+    the lowest expected makespan over sampled delays. Without planned delays the search is not
+    applied: every plan with no delay has the same makespan, and Alg. 1's maximal slackness is what
+    absorbs stragglers until they are detected.
     """
-    model = cost_model(morph, stages, n_microbatches, memory=family == "pipemorph", times=times)
-    if family != "pipemorph":
+    morph_family = family in ("pipemorph", "pipemorph-v")
+    per_rank = 2 if family in V_SCHEDULES else 1
+    model = cost_model(morph, stages, n_microbatches, memory=morph_family, times=times, stages_per_rank=per_rank)
+    if not morph_family:
         return build(family, model)
-    delays = plan_delays(morph, stages - 1)
+    delays = plan_delays(morph, model.num_links)
     if delays is not None:
         model = model.with_delays(delays)
     if not (morph.search and delays is not None):  # without known delays Alg. 1's max-min slackness stands
         return build(family, model)
     iterations = search_iterations(model, morph.search_iterations, morph.search_budget_ms)
-    samples = plan_delay_samples(morph, stages - 1)
+    samples = plan_delay_samples(morph, model.num_links)
     if samples is not None:  # plan for N(plan_delays_ms, plan_delays_std_ms): the expected makespan
         return build(family, model, search=True, samples=samples, iterations=iterations)
     return build(family, model, search=True, depth=transport_depth(morph), iterations=iterations)
@@ -163,8 +187,9 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
     """
     morph = req.job_config.morph
     stage = req.stage
-    links = link_model_from_config(morph.inject, stage.num_stages - 1, steps=req.job_config.training.steps)
-    where = {"stage": stage.stage_index, "num_stages": stage.num_stages, "group": stage.group}
+    # Transports name traffic by the link between adjacent ranks (a V's two legs share them).
+    links = link_model_from_config(morph.inject, stage.group_size - 1, steps=req.job_config.training.steps)
+    where = {"stage": stage.group_rank, "num_stages": stage.group_size, "group": stage.group}
     if morph.transport == "delegate":  # all PP traffic via delegates; they apply the injected delays
         from titan_morph.comm.delegate import DelegateTransport
 
@@ -195,16 +220,20 @@ def needs_transport(morph: Any) -> bool:
 
 
 def prepare_stage(req: ScheduleRequest) -> DeviceClock | None:
-    """Pad this rank's stage compute when ``[morph.synthetic]`` is on; its device clock, else None."""
+    """Pad this rank's stage compute when ``[morph.synthetic]`` is on (all of its stages on one
+    device clock); the clock, else None."""
     morph = req.job_config.morph
     times = stage_times(morph, req.stage.num_stages) if morph.synthetic.enabled else None
     if times is None:
         return None
-    f, b, w = times[req.stage.stage_index]
-    return pad_stage_compute(req.stage, StageTimes(f, b, w))
+    clock = None
+    for stage in req.local_stages:
+        f, b, w = times[stage.stage_index]
+        clock = pad_stage_compute(stage, StageTimes(f, b, w), clock=clock)
+    return clock
 
 
-def adapt_policy(family: str, morph: Any, stages: int) -> AdaptPolicy:
+def adapt_policy(family: str, morph: Any, stages: int, memory_default: Any = None) -> AdaptPolicy:
     """What the monitor's decisions may change: it re-plans only PipeMorph with ``adapt``. Adapted
     plans are searched for the delegated (non-blocking) path and, per §4.2, without the memory cap
     (or under ``adapt_memory_budget``) when slow links are delegated (``auto``/``delegate``); with
@@ -212,9 +241,9 @@ def adapt_policy(family: str, morph: Any, stages: int) -> AdaptPolicy:
     if morph.transport in ("auto", "delegate"):
         memory, depth = morph.adapt_memory_budget or None, None
     else:
-        memory, depth = morph.memory_budget or stages, morph.link_queue_depth
+        memory, depth = morph.memory_budget or memory_default or stages, morph.link_queue_depth
     return AdaptPolicy(
-        enabled=morph.adapt and family == "pipemorph",
+        enabled=morph.adapt and family in ("pipemorph", "pipemorph-v"),
         memory=memory,
         search=morph.search,
         search_iterations=morph.search_iterations,
@@ -229,7 +258,7 @@ def make_monitor(family: str, morph: Any, plan: Plan, stages: int, n_microbatche
     """The monitor of a titan_morph schedule (:func:`adapt_policy`): it measures every one. When the
     stage times are unknown, the initial plan is rebuilt from the times measured over the first
     ``profile_steps`` steps."""
-    policy = adapt_policy(family, morph, stages)
+    policy = adapt_policy(family, morph, stages, plan.model.memory)
     rule = DetectRule(
         detect_steps=morph.detect_consecutive,
         recover_steps=morph.recover_consecutive,
@@ -239,7 +268,7 @@ def make_monitor(family: str, morph: Any, plan: Plan, stages: int, n_microbatche
     )
     known = stage_times(morph, stages)
     planner = None
-    if known is None and family == "pipemorph" and plan_delays(morph, stages - 1):
+    if known is None and family in ("pipemorph", "pipemorph-v") and plan_delays(morph, plan.model.num_links):
 
         def planner(measured: CostModel) -> Plan:
             times = tuple(zip(measured.fwd, measured.bwd, measured.wgt))
@@ -254,21 +283,44 @@ def make_monitor(family: str, morph: Any, plan: Plan, stages: int, n_microbatche
         policy=policy,
         initial_planner=planner,
         profile_steps=morph.profile_steps,
+        stages_per_rank=plan.model.stages_per_rank,
     )
 
 
 def torch_builder(cls: type) -> Callable[[ScheduleRequest], _PipelineSchedule]:
-    """A builder of torch's single-stage schedule ``cls`` on this rank's stage, its P2P routed
-    through the configured transport when one is needed (so it sees the same injected delays)."""
+    """A builder of torch's schedule ``cls`` on this rank's stage (or stages, for torch's
+    multi-stage schedules), its P2P routed through the configured transport when one is needed (so
+    it sees the same injected delays)."""
 
     def build_schedule(req: ScheduleRequest) -> _PipelineSchedule:
+        from torch.distributed.pipelining.schedules import PipelineScheduleMulti
+
         from titan_morph.comm.scope import use_transport
 
         prepare_stage(req)
+        multi = issubclass(cls, PipelineScheduleMulti)
         # scale_grads=False as TorchTitan does: the loss is token-summed and the trainer rescales.
-        schedule = cls(req.stage, n_microbatches=req.n_microbatches, loss_fn=req.loss_fn, scale_grads=False)
-        if not needs_transport(req.job_config.morph):
+        schedule = cls(
+            req.local_stages if multi else req.stage,
+            n_microbatches=req.n_microbatches,
+            loss_fn=req.loss_fn,
+            scale_grads=False,
+        )
+        morph = req.job_config.morph
+        if not needs_transport(morph):
             return schedule
+        hop = _non_adjacent_hop(req, schedule)
+        if hop is not None:
+            if morph.inject.mode == "none" and morph.transport == "auto":
+                # auto only fails over links between adjacent ranks; torch's own P2P carries the rest
+                logger.warning("titan_morph: %s; transport auto: torch's P2P carries this schedule", hop)
+                return schedule
+            raise ValueError(
+                f"[parallelism] pipeline_parallel_schedule = {req.name!r}: {hop}: the [morph.inject] link emulator"
+                " and the delegated transport cannot carry it; with [morph.inject] or transport = 'delegate' use"
+                " pipeline_parallel_degree = 2, a V schedule (ZBVZeroBubble, DualPipeV, PipeMorphV) or a"
+                " one-stage-per-rank schedule"
+            )
         transport = make_transport(req, sync_clock(req.stage.group))
         assert transport is not None
         inner, steps = schedule._step_microbatches, 0
@@ -283,8 +335,20 @@ def torch_builder(cls: type) -> Callable[[ScheduleRequest], _PipelineSchedule]:
         schedule._step_microbatches = step_microbatches  # type: ignore[method-assign]
         return schedule
 
-    build_schedule.__doc__ = f"torch's {cls.__name__} on this rank's single stage."
+    build_schedule.__doc__ = f"torch's {cls.__name__} on this rank's stage(s)."
     return build_schedule
+
+
+def _non_adjacent_hop(req: ScheduleRequest, schedule: Any) -> str | None:
+    """The transports carry traffic between adjacent ranks only (link i joins ranks i and i+1); a
+    looped schedule's hop from the last rank back to rank 0 is no such link once PP > 2. Returns
+    the first such hop, described, or None."""
+    mapping = getattr(schedule, "stage_index_to_group_rank", None) or {}
+    for s in range(req.stage.num_stages - 1):
+        a, b = mapping.get(s, 0), mapping.get(s + 1, 0)
+        if abs(a - b) > 1:
+            return f"stage {s}'s output goes from rank {a} to rank {b}, not a link between adjacent ranks"
+    return None
 
 
 def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]:
@@ -295,13 +359,13 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
         stages = req.stage.num_stages
         plan = initial_plan(family, morph, stages, req.n_microbatches)
         device_clock = prepare_stage(req)
-        multi = stages > 1
+        multi = req.stage.group_size > 1
         transport = None
         if multi:
             clock = sync_clock(req.stage.group)
             transport = make_transport(req, clock, monitored=morph.monitor) or TorchTransport(clock.epoch)
         return MorphSchedule(
-            [req.stage],
+            req.local_stages,
             req.n_microbatches,
             req.loss_fn,
             plan=plan,
@@ -313,7 +377,7 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
             device_clock=device_clock,
         )
 
-    build_schedule.__doc__ = f"titan_morph's {family} plan in MorphSchedule (one stage per rank)."
+    build_schedule.__doc__ = f"titan_morph's {family} plan in MorphSchedule."
     return build_schedule
 
 
@@ -324,17 +388,21 @@ def run_summary(job_config: Any, schedule: Any) -> list[str]:
     if not isinstance(schedule, MorphSchedule) or not schedule.is_last_stage or not schedule.history:
         return []
     morph, steps = job_config.morph, job_config.training.steps
-    stages = schedule.plan.model.stages
+    plan_model = schedule.plan.model
+    stages = plan_model.stages
     times = stage_times(morph, stages) or (schedule.monitor.times.times() if schedule.monitor is not None else None)
     if times is None:
         return []
     inject = morph.inject
     window = None if inject.mode == "none" else (inject.start_step, inject.end_step or steps)
+    model = cost_model(
+        morph, stages, plan_model.microbatches, memory=False, times=times, stages_per_rank=plan_model.stages_per_rank
+    )
     return summary_lines(
         list(schedule.history),
         window=window,
-        model=cost_model(morph, stages, schedule.plan.model.microbatches, memory=False, times=times),
-        links=link_model_from_config(inject, stages - 1, steps=steps),
+        model=model,
+        links=link_model_from_config(inject, model.num_links, steps=steps),
         depth=morph.link_queue_depth,
         decisions=len(schedule.monitor.changes) if schedule.monitor is not None else 0,
         schedule=job_config.parallelism.pipeline_parallel_schedule,

@@ -424,15 +424,20 @@ def check_unknown_keys(table: Mapping[str, Any], cls: type = Morph, prefix: str 
 
 @dataclass(frozen=True)
 class _Layout:
-    """What the pipeline-dependent checks need: stages S (None = unknown) and the delay limit."""
+    """What the pipeline-dependent checks need: pipeline ranks (``stages``, None = unknown), the
+    delay limit, and the stages per rank (1; 2 in a V; None = unknown): per-link options have one
+    value per link between ranks, per-stage options one per stage."""
 
     stages: int | None = None
     delay_limit_ms: float | None = None
+    stages_per_rank: int | None = 1
 
     def count(self, per: Per) -> int | None:
         if self.stages is None:
             return None
-        return self.stages - 1 if per.unit == "link" else self.stages
+        if per.unit == "link":
+            return self.stages - 1
+        return None if self.stages_per_rank is None else self.stages * self.stages_per_rank
 
 
 def _list_values(key: str, value: Any, kind: type, rng: Range, per: Per | None, layout: _Layout) -> tuple:
@@ -557,14 +562,21 @@ def _check_trace(inj: Inject, links: int | None, limit: float | None) -> None:
         raise _fail(key, inj.trace_file, f"has a delay of {worst:g} ms; {_limit_reason(limit)}")
 
 
-def validate_morph(morph: Morph, pp_degree: int | None = None, *, delay_limit_ms: float | None = None) -> None:
+def validate_morph(
+    morph: Morph,
+    pp_degree: int | None = None,
+    *,
+    delay_limit_ms: float | None = None,
+    stages_per_rank: int | None = 1,
+) -> None:
     """Check every ``[morph]`` option; raise one :class:`MorphConfigError` for the first bad one.
 
-    ``pp_degree`` (stages S, links S-1) enables the checks that depend on the pipeline layout
-    (list lengths, link ids, memory budget); ``delay_limit_ms`` bounds every injected or planned
-    delay (see :func:`delay_limit_ms`). Without them only layout-independent checks run.
+    ``pp_degree`` (ranks R, links R-1) enables the checks that depend on the pipeline layout
+    (list lengths, link ids, memory budget); ``stages_per_rank`` (2 for a V schedule; None when
+    unknown) sets how many values per-stage options take; ``delay_limit_ms`` bounds every injected
+    or planned delay (see :func:`delay_limit_ms`). Without them only layout-independent checks run.
     """
-    layout = _Layout(pp_degree, delay_limit_ms)
+    layout = _Layout(pp_degree, delay_limit_ms, stages_per_rank)
     _check_value("morph", morph, Morph, layout)  # every field against its type
     stages = pp_degree or 1
     links = None if pp_degree is None else max(pp_degree - 1, 0)
@@ -643,8 +655,9 @@ def delay_limit_ms(job_config: Any) -> float:
     return job_config.comm.train_timeout_seconds * 1000.0 / microbatches(job_config)
 
 
-def validate_job_config(job_config: Any) -> Morph:
-    """Validate ``job_config.morph`` against the job's pipeline: PP degree, microbatches, timeout."""
+def validate_job_config(job_config: Any, stages_per_rank: int | None = 1) -> Morph:
+    """Validate ``job_config.morph`` against the job's pipeline: PP degree, microbatches, timeout,
+    and the schedule's stages per rank (``stages_per_rank``; None = unknown)."""
     morph = getattr(job_config, "morph", None)
     if morph is None:
         raise MorphConfigError(
@@ -653,7 +666,7 @@ def validate_job_config(job_config: Any) -> Morph:
     par = job_config.parallelism
     stages = par.pipeline_parallel_degree if par.pipeline_parallel_degree > 1 else None
     n = microbatches(job_config)
-    validate_morph(morph, stages, delay_limit_ms=delay_limit_ms(job_config))
+    validate_morph(morph, stages, delay_limit_ms=delay_limit_ms(job_config), stages_per_rank=stages_per_rank)
     name = par.pipeline_parallel_schedule
     if stages is not None and name.lower() in (s.lower() for s in ONE_MICROBATCH_PER_STAGE) and n < stages:
         raise _fail(

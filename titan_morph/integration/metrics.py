@@ -1,7 +1,9 @@
 """TensorBoard scalars from the pipeline schedule, through TorchTitan's metrics processor.
 
 TorchTitan logs loss, throughput, memory... once per ``log_freq`` steps (TensorBoard is written by
-the first rank of the last stage). :class:`MorphMetricsProcessor` adds what the running schedule
+the first rank of the last stage: rank 0 for a V schedule, where the last stage runs; TorchTitan
+itself knows that only for ``ZBVZeroBubble``, so titan_morph's TrainSpec extends it to every
+schedule placed in a V). :class:`MorphMetricsProcessor` adds what the running schedule
 reports: scalars from ``tensorboard_metrics(step)`` when it is a
 :class:`~titan_morph.runtime.metrics.MetricsSource` and images from ``tensorboard_images(step)`` (the
 plan timeline after a re-plan) when it is an :class:`~titan_morph.runtime.metrics.ImageSource`
@@ -10,10 +12,12 @@ rank at the same steps, but only the logging rank's values are written; the sche
 other ranks' numbers itself (no collectives inside these calls).
 """
 
+import dataclasses
 from typing import Any
 
 from torchtitan.components.metrics import MetricsProcessor
 
+from titan_morph.integration.schedules import schedule_placement
 from titan_morph.runtime.metrics import ImageSource, MetricsSource
 
 
@@ -52,4 +56,13 @@ def build_morph_metrics_processor(
     job_config: Any, parallel_dims: Any, model_args: Any = None, tag: str | None = None
 ) -> MorphMetricsProcessor:
     """``TrainSpec.build_metrics_processor_fn`` for ``llama3_morph``."""
-    return MorphMetricsProcessor(job_config, parallel_dims, tag)
+    par = job_config.parallelism
+    view = job_config
+    if parallel_dims.pp_enabled and schedule_placement(par.pipeline_parallel_schedule) == "v":
+        # The V's last stage runs on rank 0: log from there, as TorchTitan does for its ZBVZeroBubble.
+        view = dataclasses.replace(
+            job_config, parallelism=dataclasses.replace(par, pipeline_parallel_schedule="ZBVZeroBubble")
+        )
+    processor = MorphMetricsProcessor(view, parallel_dims, tag)
+    processor.job_config = job_config
+    return processor

@@ -3,7 +3,8 @@
 With ``[morph.synthetic] enabled = true`` every stage's F, I and W are padded to the configured
 times (``titan_morph.runtime.testbed``); the model itself only has to be small, so that real compute
 stays well below the pads, and to send ``hidden``-wide activations between stages. This flavor
-takes its width from ``[morph.synthetic] hidden`` and one transformer layer per pipeline stage.
+takes its width from ``[morph.synthetic] hidden`` and one transformer layer per pipeline stage
+(two per rank for a multi-stage schedule, e.g. the V).
 """
 
 from dataclasses import dataclass
@@ -24,7 +25,11 @@ class SyntheticModelArgs(TransformerModelArgs):
         hidden = job_config.morph.synthetic.hidden
         self.dim = hidden
         self.n_heads = max(1, hidden // HEAD_DIM)
-        self.n_layers = max(1, job_config.parallelism.pipeline_parallel_degree)
+        from titan_morph.integration.schedules import stages_per_rank_of
+
+        par = job_config.parallelism
+        per_rank = stages_per_rank_of(par.pipeline_parallel_schedule, par.pipeline_parallel_layers_per_stage) or 2
+        self.n_layers = max(1, par.pipeline_parallel_degree * per_rank)
 
 
 def synthetic_flavor() -> SyntheticModelArgs:

@@ -1,13 +1,16 @@
-"""TrainSpec ``llama3_morph``: TorchTitan's llama3, pipelined by titan_morph (one stage per rank).
+"""TrainSpec ``llama3_morph``: TorchTitan's llama3, pipelined by titan_morph.
 
-Everything but ``pipelining_fn`` is TorchTitan's llama3 spec. Our :func:`pipeline_one_stage_per_rank`
-splits the model into PP-degree stages exactly as TorchTitan does for single-stage schedules
-(``generate_llm_fqn_per_model_part`` + ``pipeline_module_split``), so with the same schedule the
-two paths compute the same thing, and then builds the schedule named by
-``[parallelism] pipeline_parallel_schedule`` through :func:`titan_morph.integration.schedules.build_schedule`.
+Everything but ``pipelining_fn`` is TorchTitan's llama3 spec. Our :func:`pipeline_stages` splits
+the model exactly as TorchTitan's own ``pipeline_llm`` does for the schedule's placement
+(:func:`titan_morph.integration.schedules.schedule_placement`): one stage per rank, several looped
+("loop" style), or two per rank in a V ("v" style, rank r holding stages r and 2R-1-r), with
+``generate_llm_fqn_per_model_part`` + ``pipeline_module_split``, so with the same schedule the two
+paths compute the same thing. It then builds the schedule named by ``[parallelism]
+pipeline_parallel_schedule`` through :func:`titan_morph.integration.schedules.build_schedule`.
 """
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -19,9 +22,41 @@ from torchtitan.tools.logging import logger
 
 from titan_morph.integration.config import microbatches
 from titan_morph.integration.metrics import build_morph_metrics_processor
-from titan_morph.integration.schedules import ScheduleRequest, build_schedule, check_schedule_name
+from titan_morph.integration.schedules import ScheduleRequest, build_schedule, schedule_placement
 
 TRAIN_SPEC_NAME = "llama3_morph"
+
+# A torch schedule name per placement: pipeline_module_split derives its stage placement from it.
+_SPLIT_AS = {"single": "1F1B", "loop": "Interleaved1F1B", "v": "ZBVZeroBubble"}
+
+
+def stages_per_rank(job_config: Any, placement: str, pp: int, num_layers: int) -> int:
+    """Stages per PP rank, as TorchTitan's ``pipeline_llm`` decides: from ``[parallelism]
+    pipeline_parallel_layers_per_stage`` when set (ceil((layers + first/last-stage weights) /
+    layers per stage) stages, a multiple of the PP degree), else 1 for one-stage schedules and 2
+    for multi-stage ones. A V holds exactly 2. A mismatch is one error naming the setting."""
+    par = job_config.parallelism
+    per_stage = par.pipeline_parallel_layers_per_stage
+    if per_stage is None:
+        return 1 if placement == "single" else 2
+    total = math.ceil(
+        (num_layers + par.pipeline_parallel_first_stage_less_layers + par.pipeline_parallel_last_stage_less_layers)
+        / per_stage
+    )
+    if total % pp:
+        raise ValueError(
+            f"[parallelism] pipeline_parallel_layers_per_stage = {per_stage} gives {total} stages, not a multiple of"
+            f" pipeline_parallel_degree = {pp}"
+        )
+    per_rank = total // pp
+    need = {"single": "exactly 1", "v": "exactly 2", "loop": "at least 2"}[placement]
+    ok = per_rank == 1 if placement == "single" else per_rank == 2 if placement == "v" else per_rank >= 2
+    if not ok:
+        raise ValueError(
+            f"[parallelism] pipeline_parallel_layers_per_stage = {per_stage} gives {per_rank} stage(s) per rank;"
+            f" pipeline_parallel_schedule = {par.pipeline_parallel_schedule!r} needs {need}"
+        )
+    return per_rank
 
 
 def stage_module_names(job_config: Any, num_stages: int, num_layers: int) -> list[list[str]]:
@@ -37,13 +72,13 @@ def stage_module_names(job_config: Any, num_stages: int, num_layers: int) -> lis
         )
     if len(names) != num_stages:
         raise ValueError(
-            f"[parallelism] module_fqns_per_model_part has {len(names)} parts; titan_morph runs one stage per "
-            f"rank, so it needs exactly pipeline_parallel_degree = {num_stages} parts"
+            f"[parallelism] module_fqns_per_model_part has {len(names)} parts; the schedule runs {num_stages} stages"
+            " (PP degree x stages per rank), so it needs exactly that many parts"
         )
     return names
 
 
-def pipeline_one_stage_per_rank(
+def pipeline_stages(
     model: nn.Module,
     parallel_dims: Any,
     job_config: Any,
@@ -52,14 +87,9 @@ def pipeline_one_stage_per_rank(
     parallelize_fn: Any,
     loss_fn: Any,
 ) -> tuple[_PipelineSchedule, list[nn.Module], bool, bool]:
-    """TorchTitan ``pipelining_fn``: split into one stage per PP rank, then build the schedule."""
+    """TorchTitan ``pipelining_fn``: split into this rank's stage(s), then build the schedule."""
     schedule_name = job_config.parallelism.pipeline_parallel_schedule
-    check_schedule_name(schedule_name)
-    if job_config.parallelism.pipeline_parallel_layers_per_stage is not None:
-        raise ValueError(
-            "[parallelism] pipeline_parallel_layers_per_stage is not supported by titan_morph "
-            "(one stage per rank); leave it unset"
-        )
+    placement = schedule_placement(schedule_name)  # also: the unknown-schedule error, before any work
     if job_config.parallelism.pipeline_parallel_schedule_csv:
         raise ValueError(
             "[parallelism] pipeline_parallel_schedule_csv is not supported by llama3_morph; choose the schedule "
@@ -67,32 +97,32 @@ def pipeline_one_stage_per_rank(
         )
     n_microbatches = microbatches(job_config)
     pp_mesh = parallel_dims.get_mesh("pp")
-    num_stages = parallel_dims.pp
+    pp = parallel_dims.pp
+    num_stages = pp * stages_per_rank(job_config, placement, pp, model_args.n_layers)
     names = stage_module_names(job_config, num_stages, model_args.n_layers)
 
-    # "1F1B" only selects the "loop" stage placement (stage i on PP rank i) inside TorchTitan.
-    stages, model_parts = pipeline_module_split(model, pp_mesh, "1F1B", device, names)
-    assert len(stages) == 1, "titan_morph builds one stage per rank"
-    stage = stages[0]
-    part = parallelize_fn(model_parts[0], parallel_dims, job_config)
-    model_parts[0] = part
-    stage.submod = part
+    stages, model_parts = pipeline_module_split(model, pp_mesh, _SPLIT_AS[placement], device, names)
+    for i, part in enumerate(model_parts):
+        part = parallelize_fn(part, parallel_dims, job_config)
+        model_parts[i] = part
+        stages[i].submod = part
 
     schedule = build_schedule(
         ScheduleRequest(
             name=schedule_name,
-            stage=stage,
+            stage=stages[0],
             n_microbatches=n_microbatches,
             loss_fn=loss_fn,
             job_config=job_config,
             parallel_dims=parallel_dims,
+            stages=stages,
         )
     )
     logger.info(
-        f"titan_morph: pipeline schedule {schedule_name} ({type(schedule).__name__}), stage "
-        f"{stage.stage_index}/{num_stages} with {n_microbatches} microbatches"
+        f"titan_morph: pipeline schedule {schedule_name} ({type(schedule).__name__}), stage(s) "
+        f"{[st.stage_index for st in stages]}/{num_stages} with {n_microbatches} microbatches"
     )
-    return schedule, model_parts, stage.is_first, stage.is_last
+    return schedule, model_parts, any(st.is_first for st in stages), any(st.is_last for st in stages)
 
 
 def make_train_spec() -> TrainSpec:
@@ -103,7 +133,7 @@ def make_train_spec() -> TrainSpec:
     return dataclasses.replace(
         llama3,
         model_args={**llama3.model_args, FLAVOR: synthetic_flavor()},
-        pipelining_fn=pipeline_one_stage_per_rank,
+        pipelining_fn=pipeline_stages,
         build_metrics_processor_fn=build_morph_metrics_processor,
     )
 

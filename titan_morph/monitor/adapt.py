@@ -38,7 +38,7 @@ class AdaptPolicy:
     """What a decision may change (from ``[morph]``)."""
 
     enabled: bool = True  # re-plan (PipeMorph with ``adapt = true``); False = measure and report only
-    memory: int | None = None  # cap on in-flight microbatches of adapted plans (None = none, §4.2)
+    memory: int | tuple[int, ...] | None = None  # in-flight cap of adapted plans, per rank (None = none, §4.2)
     search: bool = False
     search_iterations: int = 0  # the search's fixed work (0 = what takes ~search_budget_ms of CPU)
     search_budget_ms: float = 200.0
@@ -73,7 +73,8 @@ class Monitor:
     """Detection and re-planning for one pipeline, fed the same exchanged profiles on every rank.
 
     Args:
-        num_stages, microbatches: the pipeline (one stage per rank).
+        num_stages, microbatches: the pipeline; ``stages_per_rank`` (1, or 2 for the V) places
+            the stages on ranks, and links join adjacent ranks.
         initial_plan: the plan the run starts with; it comes back when every link has recovered.
         fallback_times: per-stage (F, B, W) ms used until a stage's times have been measured.
         rule, policy: detector thresholds and what a decision may change.
@@ -92,12 +93,14 @@ class Monitor:
         policy: AdaptPolicy | None = None,
         initial_planner: Callable[[CostModel], Plan] | None = None,
         profile_steps: int = 0,
+        stages_per_rank: int = 1,
     ) -> None:
         self.num_stages, self.microbatches = num_stages, microbatches
+        self.ranks = num_stages // stages_per_rank
         self.initial_plan = initial_plan
-        self.detector = Detector(num_stages - 1, rule)
+        self.detector = Detector(self.ranks - 1, rule)
         self.policy = policy or AdaptPolicy()
-        self.times = MeasuredTimes(num_stages, fallback_times)
+        self.times = MeasuredTimes(num_stages, fallback_times, stages_per_rank=stages_per_rank)
         self.initial_planner = initial_planner
         self.profile_steps = profile_steps
         self.profiles: list[StepProfile] = []
@@ -108,13 +111,13 @@ class Monitor:
     def tolerances(self, *plans: Plan) -> list[list[float]]:
         """Eq. 1 tolerance of every link under each of ``plans``, with the measured stage times."""
         model = self.times.model(self.microbatches)
-        return [[tolerance_ms(model, plan.warmup, link) for link in range(self.num_stages - 1)] for plan in plans]
+        return [[tolerance_ms(model, plan.warmup, link) for link in range(self.ranks - 1)] for plan in plans]
 
     def observe(self, step: int, profiles: list[StepProfile], active: Plan) -> Change | None:
-        """Take step ``step``'s profiles (all stages, ordered by stage); the change to make, if any."""
+        """Take step ``step``'s profiles (one per rank, ordered by rank); the change to make, if any."""
         self.step, self.profiles = step, profiles
         self.times.add(profiles)
-        self.estimates = estimate_links(profiles, self.num_stages)
+        self.estimates = estimate_links(profiles, self.ranks)
         decision = self.detector.update(step, self.estimates, *self.tolerances(active, self.initial_plan))
         change = None
         if decision is not None and self.policy.enabled:

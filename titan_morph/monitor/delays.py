@@ -81,7 +81,8 @@ def _sample(send: MessageStamp, recv: MessageStamp, block_eps_ms: float) -> tupl
 
 
 def estimate_links(profiles: Iterable[StepProfile], num_stages: int, block_eps_ms: float = 1.0) -> list[LinkEstimate]:
-    """Per link (0..S-2), the step's delay samples matched send→receive by (path, link, direction, seq)."""
+    """Per link (0..R-2), the step's delay samples matched send→receive by (path, link, direction, seq);
+    ``num_stages`` counts the pipeline's ranks (its stages with one stage per rank)."""
     sends: dict[tuple[str, int, str, int], MessageStamp] = {}
     recvs: list[MessageStamp] = []
     for prof in profiles:

@@ -1,10 +1,11 @@
 """One stage's measurements of one step, as a fixed-size row of floats for the cross-rank exchange.
 
-The runtime all-gathers one row per stage after every step (one small collective on a CPU group,
-no external service: the paper used Redis). The row carries everything the other ranks need: the
-plan the stage ran (every rank checks that they agree), its compute times per op kind, its send
-blocking and failovers (TensorBoard), and one entry per pipeline message it sent or received in
-the step (the monitor's delays, the latency figures). Times are ms on the pipeline's common clock
+The runtime all-gathers one row per pipeline rank after every step (one small collective on a CPU
+group, no external service: the paper used Redis). The row carries everything the other ranks
+need: the plan the rank ran (every rank checks that they agree), its compute times per op kind and,
+when it runs several stages (the V), per stage, its send blocking and failovers (TensorBoard), and
+one entry per pipeline message it sent or received in the step (the monitor's delays, the latency
+figures). Times are ms on the pipeline's common clock
 (:mod:`titan_morph.comm.clock`), so a receiver's arrival compares with the sender's acceptance on
 another host.
 """
@@ -20,7 +21,9 @@ PATHS = ("", "emulated", "delegate", "torch", "auto")  # MessageRecord.path code
 _DIRS = ("fwd", "bwd")
 _KINDS = ("F", "I", "W", "B")
 _SCALARS = ("plan", "blocked_ms", "send_late_ms", "sends", "failovers")
-_HEADER = 6 + len(_SCALARS) + 2 * len(_KINDS)  # stage, step, start, end, nrows, sent_ms, scalars, (sum, count) per kind
+# stage, step, start, end, nrows, sent_ms, nstages, scalars, (sum, count) per kind
+_HEADER = 7 + len(_SCALARS) + 2 * len(_KINDS)
+_STAGE = 1 + 2 * len(_KINDS)  # per stage of a rank with several: its index, (sum, count) per kind
 _MSG = 8  # side, path, link, dir, seq, t1, t2, t3
 NAN = float("nan")
 
@@ -51,7 +54,12 @@ class MessageStamp:
 
 @dataclass
 class StepProfile:
-    """What stage ``stage`` measured in step ``step`` (ms on the common clock)."""
+    """What the rank running stage ``stage`` measured in step ``step`` (ms on the common clock).
+
+    ``stage`` is the rank's index in the pipeline group: its stage with one stage per rank. A rank
+    that runs several stages (the V) also reports ``stage_compute`` per pipeline stage; ``compute``
+    is then its total over them.
+    """
 
     stage: int
     step: int
@@ -66,6 +74,11 @@ class StepProfile:
     send_late_ms: float = 0.0  # sum over sends: producing op's end to the send's issue
     sends: int = 0
     failovers: int = 0  # (link, direction) pairs this rank has failed over so far
+    stage_compute: dict[int, dict[str, tuple[float, int]]] = field(default_factory=dict)  # stage -> kind -> ...
+
+    def stage_times(self) -> dict[int, dict[str, tuple[float, int]]]:
+        """Per pipeline stage run by this rank: kind -> (total ms, ops)."""
+        return self.stage_compute if self.stage_compute else {self.stage: self.compute}
 
     @property
     def busy_ms(self) -> float:
@@ -76,37 +89,55 @@ class StepProfile:
         return total / n if n else None
 
 
-def capacity(microbatches: int) -> int:
-    """Messages a row holds: 4 per microbatch (2 links x send/recv) plus room for re-posted ones
-    (a receive that fails over to the delegates is recorded on both paths)."""
-    return 5 * microbatches + 8
+def capacity(microbatches: int, stages_per_rank: int = 1) -> int:
+    """Messages a row holds: 4 per microbatch and stage (2 links x send/recv) plus room for re-posted
+    ones (a receive that fails over to the delegates is recorded on both paths)."""
+    return (4 * stages_per_rank + 1) * microbatches + 8
 
 
-def row_width(microbatches: int) -> int:
-    """Floats per stage row."""
-    return _HEADER + _MSG * capacity(microbatches)
+def row_width(microbatches: int, stages_per_rank: int = 1) -> int:
+    """Floats per rank row."""
+    return _HEADER + _STAGE * stages_per_rank + _MSG * capacity(microbatches, stages_per_rank)
 
 
-def encode(profile: StepProfile, microbatches: int) -> list[float]:
-    """Pack ``profile`` into ``row_width(microbatches)`` floats; messages beyond the row's
-    :func:`capacity` are left out (``profile.dropped`` counts them): statistics never stop training."""
-    width, room = row_width(microbatches), capacity(microbatches)
+def encode(profile: StepProfile, microbatches: int, stages_per_rank: int = 1) -> list[float]:
+    """Pack ``profile`` into ``row_width(microbatches, stages_per_rank)`` floats; messages beyond
+    the row's :func:`capacity` are left out (``profile.dropped`` counts them): statistics never stop
+    training."""
+    if len(profile.stage_compute) > stages_per_rank:
+        raise ValueError(f"profile holds {len(profile.stage_compute)} stages; the row has room for {stages_per_rank}")
+    width, room = row_width(microbatches, stages_per_rank), capacity(microbatches, stages_per_rank)
     messages = profile.messages[:room]
     profile.dropped = len(profile.messages) - len(messages)
     row = [NAN] * width
-    row[:6] = [profile.stage, profile.step, profile.start_ms, profile.end_ms, len(messages), profile.sent_ms]
-    row[6 : 6 + len(_SCALARS)] = [
+    row[:7] = [
+        profile.stage,
+        profile.step,
+        profile.start_ms,
+        profile.end_ms,
+        len(messages),
+        profile.sent_ms,
+        len(profile.stage_compute),
+    ]
+    row[7 : 7 + len(_SCALARS)] = [
         float(profile.plan),
         profile.blocked_ms,
         profile.send_late_ms,
         float(profile.sends),
         float(profile.failovers),
     ]
-    at = 6 + len(_SCALARS)
+    at = 7 + len(_SCALARS)
     for i, kind in enumerate(_KINDS):
         total, n = profile.compute.get(kind, (0.0, 0))
         row[at + 2 * i : at + 2 + 2 * i] = [total, float(n)]
     at = _HEADER
+    for stage, compute in sorted(profile.stage_compute.items()):
+        row[at] = float(stage)
+        for i, kind in enumerate(_KINDS):
+            total, n = compute.get(kind, (0.0, 0))
+            row[at + 1 + 2 * i : at + 3 + 2 * i] = [total, float(n)]
+        at += _STAGE
+    at = _HEADER + _STAGE * stages_per_rank
     for m in messages:
         row[at : at + _MSG] = [
             0.0 if m.side == "send" else 1.0,
@@ -122,18 +153,25 @@ def encode(profile: StepProfile, microbatches: int) -> list[float]:
     return row
 
 
-def decode(row: Sequence[float]) -> StepProfile:
-    """Inverse of :func:`encode`."""
-    stage, step, start, end, nrows, sent = (row[i] for i in range(6))
-    plan, blocked, late, sends, failovers = (row[6 + i] for i in range(len(_SCALARS)))
-    at = 6 + len(_SCALARS)
-    compute = {}
+def _compute(row: Sequence[float], at: int) -> dict[str, tuple[float, int]]:
+    out = {}
     for i, kind in enumerate(_KINDS):
         total, n = row[at + 2 * i], int(row[at + 1 + 2 * i])
         if n:
-            compute[kind] = (float(total), n)
+            out[kind] = (float(total), n)
+    return out
+
+
+def decode(row: Sequence[float], stages_per_rank: int = 1) -> StepProfile:
+    """Inverse of :func:`encode` (with the same ``stages_per_rank``)."""
+    stage, step, start, end, nrows, sent, nstages = (row[i] for i in range(7))
+    plan, blocked, late, sends, failovers = (row[7 + i] for i in range(len(_SCALARS)))
+    compute = _compute(row, 7 + len(_SCALARS))
+    stage_compute = {
+        int(row[_HEADER + _STAGE * k]): _compute(row, _HEADER + _STAGE * k + 1) for k in range(int(nstages))
+    }
     messages = []
-    at = _HEADER
+    at = _HEADER + _STAGE * stages_per_rank
     for _ in range(int(nrows)):
         side, path, link, d, seq, t1, t2, t3 = row[at : at + _MSG]
         messages.append(
@@ -162,4 +200,5 @@ def decode(row: Sequence[float]) -> StepProfile:
         send_late_ms=float(late),
         sends=int(sends),
         failovers=int(failovers),
+        stage_compute=stage_compute,
     )

@@ -22,23 +22,32 @@ __all__ = ["MeasuredTimes", "adapted_plan", "search_iterations"]
 
 
 class MeasuredTimes:
-    """Rolling per-stage (F, B, W) medians, B being the input-gradient op (I, or a fused B)."""
+    """Rolling per-stage (F, B, W) medians, B being the input-gradient op (I, or a fused B);
+    ``stages_per_rank`` places the stages for the cost models built from them."""
 
-    def __init__(self, num_stages: int, fallback: Sequence[tuple[float, float, float]], window: int = 8) -> None:
+    def __init__(
+        self,
+        num_stages: int,
+        fallback: Sequence[tuple[float, float, float]],
+        window: int = 8,
+        stages_per_rank: int = 1,
+    ) -> None:
         if len(fallback) != num_stages:
             raise ValueError(f"fallback needs {num_stages} (F, B, W) triples, got {len(fallback)}")
         self.fallback = tuple(tuple(float(x) for x in t) for t in fallback)
+        self.stages_per_rank = stages_per_rank
         self._seen: list[dict[str, deque[float]]] = [
             {k: deque(maxlen=window) for k in "FBW"} for _ in range(num_stages)
         ]
 
     def add(self, profiles: Sequence[StepProfile]) -> None:
         for prof in profiles:
-            seen = self._seen[prof.stage]
-            for kind, target in (("F", "F"), ("I", "B"), ("B", "B"), ("W", "W")):
-                mean = prof.mean_ms(kind)
-                if mean is not None:
-                    seen[target].append(mean)
+            for stage, compute in prof.stage_times().items():
+                seen = self._seen[stage]
+                for kind, target in (("F", "F"), ("I", "B"), ("B", "B"), ("W", "W")):
+                    total, n = compute.get(kind, (0.0, 0))
+                    if n:
+                        seen[target].append(total / n)
 
     def times(self) -> tuple[tuple[float, float, float], ...]:
         out = []
@@ -58,8 +67,9 @@ class MeasuredTimes:
             tuple(t[0] for t in times),
             tuple(t[1] for t in times),
             tuple(t[2] for t in times),
-            delays=tuple(delays) if delays is not None else (0.0,) * (len(times) - 1),
+            delays=tuple(delays) if delays is not None else (0.0,) * (len(times) // self.stages_per_rank - 1),
             memory=memory,
+            stages_per_rank=self.stages_per_rank,
         )
 
 
@@ -78,11 +88,13 @@ def adapted_plan(
     iterations: int,
     samples: Sequence[Sequence[float]] | None = None,
 ) -> Plan:
-    """PipeMorph's plan for ``model``'s delays: Alg. 2, refined by the search when ``search`` (with
+    """PipeMorph's plan for ``model``'s delays (PipeMorph-V with two stages per rank): Alg. 2,
+    refined by the search when ``search`` (with
     ``iterations``); for ``samples`` (per-link delay vectors; non-blocking links) the plan with the
     lowest expected makespan over them."""
+    name = "pipemorph" if model.stages_per_rank == 1 else "pipemorph-v"
     if not search:
-        return build("pipemorph", model)
+        return build(name, model)
     if samples is not None and depth is None:
-        return build("pipemorph", model, search=True, samples=samples, iterations=iterations)
-    return build("pipemorph", model, search=True, depth=depth, iterations=iterations)
+        return build(name, model, search=True, samples=samples, iterations=iterations)
+    return build(name, model, search=True, depth=depth, iterations=iterations)

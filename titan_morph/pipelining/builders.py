@@ -12,29 +12,38 @@ from __future__ import annotations
 
 from typing import Any
 
-from titan_morph.pipelining.baselines import SCHEDULES, build_plain, schedule_key, split_fused, warmup_for
+from titan_morph.pipelining.baselines import (
+    SCHEDULES,
+    V_SCHEDULES,
+    build_plain,
+    check_placement,
+    schedule_key,
+    split_fused,
+    warmup_for,
+)
 from titan_morph.pipelining.model import CostModel, Plan
 from titan_morph.pipelining.robust import robust_plan
 from titan_morph.pipelining.search import search as run_search
 
-__all__ = ["SCHEDULES", "build", "schedule_key", "warmup_for", "split_fused"]
+__all__ = ["SCHEDULES", "V_SCHEDULES", "build", "schedule_key", "warmup_for", "split_fused"]
 
 
 def build(schedule: str, model: CostModel, **kw: Any) -> Plan:
     """Build the named schedule (any spelling :func:`schedule_key` accepts) for ``model``.
 
-    Keyword options: ``search`` (pipemorph only: run :func:`search.search` on top; ``iterations``,
+    Keyword options: ``search`` (pipemorph and pipemorph-v only: run :func:`search.search` on top; ``iterations``,
     ``time_budget_ms``, ``links``, ``depth`` and ``seeds`` go to it; with ``samples`` (per-link delay
     vectors) :func:`robust.robust_plan` plans for them instead), ``delta`` (δ-quantised
     generation), ``links`` (a :class:`links.LinkModel` the generator plans against instead of
-    ``model.delays``), ``warmup`` (override x_i; pipemorph only), ``refill`` (generator option:
+    ``model.delays``), ``warmup`` (override x_i; pipemorph and pipemorph-v only), ``refill`` (generator option:
     keep stages x_i forwards ahead in the steady phase, see :mod:`generate`; default False = the
     paper's I > F > W).
     """
     name = schedule_key(schedule)
     search = bool(kw.pop("search", False))
-    if search and name != "pipemorph":
-        raise ValueError(f"search=True is only meaningful for 'pipemorph', not {schedule!r}")
+    if search and name not in ("pipemorph", "pipemorph-v"):
+        raise ValueError(f"search=True is only meaningful for 'pipemorph' and 'pipemorph-v', not {schedule!r}")
+    check_placement(name, model)
     if search:
         samples = kw.pop("samples", None)
         return robust_plan(model, samples, **kw) if samples is not None else run_search(model, **kw)

@@ -8,6 +8,12 @@ the resulting fixed orders under the *run* delays (``--run-delays``, default = p
 the simulator, so one can ask e.g. "ZB-H2 planned for no delay, executed with a 20 ms straggler on
 link 0" (paper Fig. 5: 390 ms → 440 ms) or "what does PipeMorph plan instead" (Eq. 1, Alg. 1–4).
 
+Two stages per rank (``--schedule zb-v|dualpipe-v|pipemorph-v``, ``--stages-per-rank 2``): the V
+placement of torch's ZB-V and DualPipeV, rank r running stages r and 2R−1−r. ``--stages`` then
+counts ranks R; ``--fwd``/``--bwd``/``--wgt`` take one value or 2R (per stage), ``--delays`` R−1
+(per link between ranks) and ``--memory`` R (per rank, both stages together; pipemorph-v defaults
+to what ZB-V holds). Orders print in torch's action notation with the stage (``5F3``).
+
 Outputs: a readable summary (warm-up x_i, slackness Δ_i and the Eq. 1 tolerance per link,
 makespan, bubble rates, critical path), or ``--json``; optionally torch's compute-only CSV
 (``--csv``, loadable by ``_PipelineScheduleRuntime._load_csv`` / TorchTitan's
@@ -27,9 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .builders import SCHEDULES, schedule_key
+from .baselines import zbv_memory
+from .builders import SCHEDULES, V_SCHEDULES, schedule_key
 from .links import LinkDownError, LinkModel, RandomDelays, TraceDelays, parse_delays
-from .model import CostModel, Plan, in_flight_peak, validate_orders, warmup_count
+from .model import STAGES_PER_RANK, CostModel, Plan, in_flight_peak, validate_orders, warmup_counts
 from .slackness import tolerance_ms
 from .values import parse_list
 
@@ -55,13 +62,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--schedule zb-h2 --run-delays 20,0,0 --png zb.png",
     )
     g = p.add_argument_group("pipeline and profile")
-    g.add_argument("--stages", type=int, help="pipeline stages S (one per rank); inferred with --load-csv")
+    g.add_argument(
+        "--stages",
+        type=int,
+        help="pipeline ranks R (one stage each, or two with --stages-per-rank 2); inferred with --load-csv",
+    )
+    g.add_argument(
+        "--stages-per-rank",
+        type=int,
+        default=None,
+        metavar="{1,2}",
+        help="stages per rank: 1, or 2 for the V of zb-v/dualpipe-v/pipemorph-v (default: what --schedule needs)",
+    )
     g.add_argument("--microbatches", type=int, help="microbatches N per iteration; inferred with --load-csv")
-    g.add_argument("--fwd", default="10", help="t^F per stage, ms: scalar or comma list of S values (default 10)")
+    g.add_argument(
+        "--fwd", default="10", help="t^F per stage, ms: scalar or comma list of one value per stage (default 10)"
+    )
     g.add_argument("--bwd", default="10", help="t^B (backward input, op I) per stage, ms (default 10)")
     g.add_argument("--wgt", default="10", help="t^W (backward weight, op W) per stage, ms (default 10)")
     g.add_argument(
-        "--delays", default=None, help="planning delay c_i per link, ms: scalar or S-1 comma values (default 0)"
+        "--delays", default=None, help="planning delay c_i per link between ranks, ms: scalar or R-1 values (default 0)"
     )
     g.add_argument(
         "--run-delays",
@@ -80,7 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="execute under a delay trace CSV (columns step|time_ms, link, delay_ms[, direction]; links.py)",
     )
     g.add_argument("--step", type=int, default=0, help="training step the run is at, for --run-trace by step")
-    g.add_argument("--memory", default=None, help="max microbatches in flight per stage M_i: scalar or S values")
+    g.add_argument(
+        "--memory",
+        default=None,
+        help="max microbatches in flight per rank M_r: scalar or R values (pipemorph-v default: ZB-V's)",
+    )
     g.add_argument(
         "--depth",
         type=int,
@@ -93,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         type=_schedule,
         metavar="NAME",
-        help=f"schedule to build: {', '.join(SCHEDULES)} (any case; '-'/'_' optional, e.g. ZBH2; default pipemorph)",
+        help=f"schedule to build: {', '.join(SCHEDULES)}; two stages per rank: {', '.join(V_SCHEDULES)}"
+        " (any case; '-'/'_' optional, e.g. ZBH2; default pipemorph, or pipemorph-v with --stages-per-rank 2)",
     )
     s.add_argument("--no-search", action="store_true", help="pipemorph: plain Alg. 1/2 warm-up + Alg. 3/4, no search")
     s.add_argument(
@@ -157,14 +182,31 @@ def _delays(flag: str, text: str | None, links: int) -> tuple[float, ...]:
         raise UsageError(str(exc)) from None
 
 
-def _model(args: argparse.Namespace, stages: int, microbatches: int) -> tuple[CostModel, tuple[float, ...]]:
+def _placement(args: argparse.Namespace, given: int | None = None) -> int:
+    """Stages per rank: ``--stages-per-rank``, else what the schedule (or ``given``: a CSV) needs."""
+    need = given if given is not None else 2 if args.schedule in V_SCHEDULES else 1
+    spr = args.stages_per_rank
+    if spr is None:
+        return need
+    if spr not in STAGES_PER_RANK:
+        raise UsageError(f"--stages-per-rank must be 1 or 2 (2 = the V of zb-v/dualpipe-v/pipemorph-v), got {spr}")
+    if spr != need:
+        what = f"--load-csv {args.load_csv}" if given is not None else f"--schedule {args.schedule}"
+        raise UsageError(f"--stages-per-rank {spr} disagrees with {what}, which has {need} stage(s) per rank")
+    return spr
+
+
+def _model(
+    args: argparse.Namespace, ranks: int, microbatches: int, per_rank: int = 1
+) -> tuple[CostModel, tuple[float, ...]]:
     """The planning cost model and the run delays, from the flags (with --plan-random/--plan-samples
     the planning delays are the samples' per-link mean)."""
-    if stages < 1:
-        raise UsageError(f"--stages must be >= 1, got {stages}")
+    if ranks < 1:
+        raise UsageError(f"--stages must be >= 1, got {ranks}")
     if microbatches < 1:
         raise UsageError(f"--microbatches must be >= 1, got {microbatches}")
-    links = stages - 1
+    stages = ranks * per_rank
+    links = ranks - 1
     delays = _delays("--delays", args.delays, links)
     for i, d in enumerate(delays):
         if math.isinf(d):
@@ -181,7 +223,7 @@ def _model(args: argparse.Namespace, stages: int, microbatches: int) -> tuple[Co
         raise UsageError(
             f"--depth must be >= 1 message in flight per link (omit it for non-blocking), got {args.depth}"
         )
-    memory = None if args.memory is None else _values("--memory", args.memory, int, stages, 1)
+    memory = None if args.memory is None else _values("--memory", args.memory, int, ranks, per_rank)
     model = CostModel(
         stages,
         microbatches,
@@ -190,7 +232,10 @@ def _model(args: argparse.Namespace, stages: int, microbatches: int) -> tuple[Co
         _values("--wgt", args.wgt, float, stages, 0.0),
         delays,
         memory or None,
+        per_rank,
     )
+    if model.memory is None and args.schedule == "pipemorph-v":
+        model = model.with_memory(zbv_memory(model))  # compared with ZB-V on the memory ZB-V holds
     return model, run
 
 
@@ -233,12 +278,11 @@ def _planning_samples(args: argparse.Namespace, links: int) -> tuple[tuple[float
     return None
 
 
-def _run_links(args: argparse.Namespace, stages: int) -> tuple[LinkModel | None, str]:
+def _run_links(args: argparse.Namespace, links: int) -> tuple[LinkModel | None, str]:
     """The time-varying link model to execute under (``None`` = static ``--run-delays``) and its description."""
     _exclusive(args, ("--run-delays", "--run-random", "--run-trace"), "one run link model")
     if args.step < 0:
         raise UsageError(f"--step must be >= 0, got {args.step}")
-    links = stages - 1
     if args.run_random is not None:
         values = _values("--run-random", args.run_random, float, None, None) if args.run_random else ()
         if len(values) not in (4, 5):
@@ -271,11 +315,12 @@ def _build(args: argparse.Namespace, model: CostModel) -> tuple[Plan, float]:
 
     kw: dict[str, Any] = {}
     samples = args.planning_samples
-    searching = args.schedule == "pipemorph" and not args.no_search
+    morph = args.schedule in ("pipemorph", "pipemorph-v")
+    searching = morph and not args.no_search
     search_flags = _given(args, ("--search-ms", "--search-iterations", "--plan-random", "--plan-samples"))
-    if args.schedule != "pipemorph" and (args.no_search or search_flags):
+    if not morph and (args.no_search or search_flags):
         flags = "/".join(["--no-search"] * args.no_search + search_flags)
-        raise UsageError(f"{flags} apply to --schedule pipemorph only, not {args.schedule}")
+        raise UsageError(f"{flags} apply to --schedule pipemorph and pipemorph-v only, not {args.schedule}")
     if search_flags and not searching:
         raise UsageError(f"{'/'.join(search_flags)} need the search (drop --no-search)")
     if args.search_ms is not None and not args.search_ms > 0:
@@ -313,22 +358,23 @@ def _load(args: argparse.Namespace) -> tuple[Plan, tuple[float, ...]]:
         raise UsageError(f"--load-csv: cannot read {args.load_csv}: {exc.strerror}") from None
     except ValueError as exc:
         raise UsageError(f"--load-csv: {exc}") from None
-    stages = len(orders)
+    ranks = len(orders)
+    per_rank = _placement(args, 2 if any(op.stage is not None for order in orders for op in order) else 1)
     microbatches = 1 + max(op.mb for order in orders for op in order)
-    if args.stages is not None and args.stages != stages:
-        raise UsageError(f"--stages {args.stages} disagrees with --load-csv {args.load_csv}: it has {stages} ranks")
+    if args.stages is not None and args.stages != ranks:
+        raise UsageError(f"--stages {args.stages} disagrees with --load-csv {args.load_csv}: it has {ranks} ranks")
     if args.microbatches is not None and args.microbatches != microbatches:
         raise UsageError(
             f"--microbatches {args.microbatches} disagrees with --load-csv {args.load_csv}: it has {microbatches}"
         )
     if args.schedule is not None:
         raise UsageError("--schedule and --load-csv exclude each other (the CSV is the schedule)")
-    model, run = _model(args, stages, microbatches)
+    model, run = _model(args, ranks, microbatches, per_rank)
     try:
         validate_orders(model, orders)
     except ValueError as exc:
         raise UsageError(f"--load-csv {args.load_csv}: {exc}") from None
-    return Plan(f"csv:{Path(args.load_csv).name}", tuple(warmup_count(o) for o in orders), orders, model), run
+    return Plan(f"csv:{Path(args.load_csv).name}", warmup_counts(model, orders), orders, model), run
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,26 +389,44 @@ def _fmt_list(values: Sequence[float]) -> str:
 def _summary(out: PlannedRun) -> str:
     plan, result, planned, run, args = out.plan, out.result, out.planned, out.run_delays, out.args
     model = plan.model
+    v = model.stages_per_rank > 1
+    shape = (
+        f"R={model.ranks} ranks x 2 stages (V: rank r runs stages r and {2 * model.ranks - 1}-r)"
+        if v
+        else f"S={model.stages} stages"
+    )
     lines = [
-        f"schedule {plan.schedule}: S={model.stages} stages, N={model.microbatches} microbatches, plan {plan.plan_id}",
+        f"schedule {plan.schedule}: {shape}, N={model.microbatches} microbatches, plan {plan.plan_id}",
         f"  t^F {_fmt_list(model.fwd)} ms, t^B {_fmt_list(model.bwd)} ms, t^W {_fmt_list(model.wgt)} ms;"
         f" transport {'non-blocking' if args.depth is None else f'blocking, depth {args.depth}'}",
         "",
-        "stage  x_i  M_i  peak  busy ms  bubble  blocked ms",
+        ("rank  stages   x_s  " if v else "stage  x_i  ") + "M_i  peak  busy ms  bubble  blocked ms",
     ]
-    for s, order in enumerate(plan.orders):
-        busy = sum(t.end - t.start for t in result.timings[s])
-        mem = "-" if model.memory is None else str(model.memory[s])
-        lines.append(
-            f"{s:>5}  {plan.warmup[s]:>3}  {mem:>3}  {in_flight_peak(order):>4}  {busy:>7.1f}"
-            f"  {result.bubble_rate[s]:>6.1%}  {result.blocked_ms[s]:>10.1f}"
+    for r, order in enumerate(plan.orders):
+        busy = sum(t.end - t.start for t in result.timings[r])
+        mem = "-" if model.memory is None else str(model.memory[r])
+        own = model.rank_stages(r)
+        head = (
+            f"{r:>4}  {','.join(map(str, own)):>6}  {','.join(str(plan.warmup[q]) for q in own):>4}"
+            if v
+            else f"{r:>5}  {plan.warmup[r]:>3}"
         )
-    if model.stages > 1:
-        lines += ["", "link  Δ_i  Eq.1 tolerance ms  planned c_i  run c_i  absorbed (Eq. 1)"]
-        for i in range(model.stages - 1):
+        lines.append(
+            f"{head}  {mem:>3}  {in_flight_peak(order):>4}  {busy:>7.1f}"
+            f"  {result.bubble_rate[r]:>6.1%}  {result.blocked_ms[r]:>10.1f}"
+        )
+    if model.num_links > 0:
+        lines += [
+            "",
+            "link  " + ("Δ (hops)" if v else "Δ_i") + "  Eq.1 tolerance ms  planned c_i  run c_i  absorbed (Eq. 1)",
+        ]
+        for i in range(model.num_links):
             tol = tolerance_ms(model, plan.warmup, i)
             ok = "yes" if run[i] <= tol + 1e-9 else "NO"
-            lines.append(f"{i:>4}  {plan.slackness[i]:>3}  {tol:>17.1f}  {model.delays[i]:>11g}  {run[i]:>7g}  {ok}")
+            hops = model.link_hops(i)
+            delta = ",".join(str(plan.slackness[h]) for h in hops)
+            width = 8 if v else 3
+            lines.append(f"{i:>4}  {delta:>{width}}  {tol:>17.1f}  {model.delays[i]:>11g}  {run[i]:>7g}  {ok}")
     lines += [
         "",
         f"makespan {result.makespan:.1f} ms under "
@@ -391,6 +455,9 @@ def _report_json(out: PlannedRun, files: dict[str, str]) -> dict[str, Any]:
     return {
         "schedule": plan.schedule,
         "stages": model.stages,
+        "ranks": model.ranks,
+        "stages_per_rank": model.stages_per_rank,
+        "stage_ranks": [model.rank_of(s) for s in range(model.stages)],
         "microbatches": model.microbatches,
         "fwd_ms": list(model.fwd),
         "bwd_ms": list(model.bwd),
@@ -403,7 +470,7 @@ def _report_json(out: PlannedRun, files: dict[str, str]) -> dict[str, Any]:
         "depth": args.depth,
         "warmup": list(plan.warmup),
         "slackness": list(plan.slackness),
-        "tolerance_ms": [tolerance_ms(model, plan.warmup, i) for i in range(model.stages - 1)],
+        "tolerance_ms": [tolerance_ms(model, plan.warmup, i) for i in range(model.num_links)],
         "plan_id": plan.plan_id,
         "planned_makespan_ms": planned,
         "makespan_ms": result.makespan,
@@ -446,10 +513,10 @@ def run(argv: Sequence[str] | None = None) -> PlannedRun:
     else:
         if args.stages is None or args.microbatches is None:
             raise UsageError("--stages and --microbatches are required (unless --load-csv gives them)")
-        args.schedule = args.schedule or "pipemorph"
-        model, run_delays = _model(args, args.stages, args.microbatches)
+        args.schedule = args.schedule or ("pipemorph-v" if args.stages_per_rank == 2 else "pipemorph")
+        model, run_delays = _model(args, args.stages, args.microbatches, _placement(args))
         plan, planning_ms = _build(args, model)
-    links, links_text = _run_links(args, plan.model.stages)
+    links, links_text = _run_links(args, plan.model.num_links)
     if links is not None:
         run_delays = links.snapshot(0.0, args.step)
     try:

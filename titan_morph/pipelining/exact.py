@@ -11,8 +11,12 @@ The problem is exactly what the simulator executes under static, non-blocking li
   finished (a cumulative over the intervals [start F, end I));
 * minimise the makespan (end of the last op; the iteration starts at t = 0).
 
-Links are FIFO, but with a static delay per link and one sender per direction, deliveries already
-arrive in issue order, so FIFO adds no constraint.
+Two stages per rank (the V, ``model.stages_per_rank = 2``): a *rank* runs one op at a time over
+both of its stages, a hop waits for the delay of the link between its stages' ranks (none on the
+last rank's local hop), and the memory bound M_r covers both stages of rank r.
+
+Links are FIFO, but with a static delay per link and one sending rank per direction, deliveries
+already arrive in issue order, so FIFO adds no constraint.
 
 Integer time: every duration/delay is multiplied by ``scale`` (the smallest of 1, 2, 4, 5, 10, 20,
 100, 1000 that makes them all integers; e.g. instances on a 0.5 ms grid get scale 2). If none does,
@@ -107,6 +111,21 @@ def _stage_bounds(
     return out
 
 
+def _rank_bounds(
+    model: CostModel, fwd: Sequence[float], bwd: Sequence[float], wgt: Sequence[float], hop: Sequence[float]
+) -> list[float]:
+    """Valid lower bounds with several stages per rank (see :func:`lower_bound_ms`): per rank, the
+    earliest start of its first stage plus all of its work; and one microbatch's round trip."""
+    n, last = model.microbatches, model.stages - 1
+    head = [sum(fwd[j] + hop[j] for j in range(s)) for s in range(model.stages)]
+    out = []
+    for r in range(model.ranks):
+        own = model.rank_stages(r)
+        out.append(min(head[q] for q in own) + n * sum(fwd[q] + bwd[q] + wgt[q] for q in own))
+    out.append(head[last] + fwd[last] + sum(bwd[s] + hop[s - 1] for s in range(1, last + 1)) + bwd[0] + wgt[0])
+    return out
+
+
 def lower_bound_ms(model: CostModel) -> float:
     """A closed-form lower bound on any schedule's makespan (no solver needed).
 
@@ -121,9 +140,19 @@ def lower_bound_ms(model: CostModel) -> float:
         whose F was j-th or later, so σ_{j+k} >= σ_j + t^F_s + RT_s + t^B_s; hence
         head_s + (⌊(N−1)/k⌋ + 1)(t^F_s + RT_s + t^B_s) + chain_s.
     The exact model adds these as constraints (they help CP-SAT's proof on memory-tight cases).
+    With several stages per rank the bound is weaker: per rank, the earliest start of its first
+    stage plus all of its work, and one microbatch's round trip through every stage and link.
     """
+    if model.stages_per_rank > 1:
+        return max(_rank_bounds(model, model.fwd, model.bwd, model.wgt, _hop_delays(model, model.delays)))
     caps = [model.budget(s) for s in range(model.stages)]
     return max(_stage_bounds(model.stages, model.microbatches, model.fwd, model.bwd, model.wgt, model.delays, caps))
+
+
+def _hop_delays(model: CostModel, delays: Sequence[float]) -> list[float]:
+    """Per hop s (stage s to s+1): the delay of the link it crosses, 0 on a local hop."""
+    links = [model.hop_link(s) for s in range(model.stages - 1)]
+    return [0 if link is None else delays[link] for link in links]
 
 
 def _pick_scale(values: Sequence[float]) -> tuple[int, bool]:
@@ -133,10 +162,15 @@ def _pick_scale(values: Sequence[float]) -> tuple[int, bool]:
     return _SCALES[-1], True
 
 
-def _hint_times(model: CostModel, orders: Sequence[Sequence[Op]]) -> dict[tuple[int, Op], tuple[float, float]]:
-    """Start/end of every op of ``orders`` run as early as possible (:func:`simulate.simulate`)."""
+def _hint_times(model: CostModel, orders: Sequence[Sequence[Op]]) -> dict[tuple[int, str, int], tuple[float, float]]:
+    """Start/end of every op of ``orders`` run as early as possible (:func:`simulate.simulate`),
+    by (stage, kind, microbatch)."""
     result = simulate(model, orders)
-    return {(t.stage, t.op): (t.start, t.end) for timings in result.timings for t in timings}
+    return {
+        (t.stage if t.op.stage is None else t.op.stage, t.op.kind, t.op.mb): (t.start, t.end)
+        for timings in result.timings
+        for t in timings
+    }
 
 
 def _default_hint(model: CostModel) -> tuple[Order, ...]:
@@ -230,7 +264,7 @@ def _solve(
         return math.floor(v * scale + 1e-9) if rounded else round(v * scale)
 
     dur = {(s, k): q(model.duration(s, k)) for s in range(S) for k in kinds}
-    delay = [q(c) for c in model.delays]
+    delay = [q(c) for c in _hop_delays(model, model.delays)]  # per hop
     hint_times = _hint_times(model, hint_orders) if hint_orders is not None else None
 
     # Horizon: a fully serial schedule (one microbatch at a time) is always feasible.
@@ -242,7 +276,7 @@ def _solve(
     m = cp_model.CpModel()
     start: dict[tuple[int, str, int], object] = {}
     end: dict[tuple[int, str, int], object] = {}
-    intervals: dict[int, list[object]] = {s: [] for s in range(S)}
+    intervals: dict[int, list[object]] = {r: [] for r in range(model.ranks)}
     for s in range(S):
         for k in kinds:
             for b in range(N):
@@ -250,10 +284,11 @@ def _solve(
                 iv = m.new_fixed_size_interval_var(st, dur[(s, k)], f"{k}{b}@{s}")
                 start[(s, k, b)] = st
                 end[(s, k, b)] = st + dur[(s, k)]
-                intervals[s].append(iv)
+                intervals[model.rank_of(s)].append(iv)
     mk = m.new_int_var(0, horizon, "makespan")
+    for r in range(model.ranks):
+        m.add_no_overlap(intervals[r])
     for s in range(S):
-        m.add_no_overlap(intervals[s])
         for b in range(N):
             if s > 0:
                 m.add(start[(s, "F", b)] >= end[(s - 1, "F", b)] + delay[s - 1])
@@ -262,23 +297,22 @@ def _solve(
                 m.add(start[(s, "I", b)] >= end[(s + 1, "I", b)] + delay[s])
             m.add(start[(s, "W", b)] >= end[(s, "I", b)])
             m.add(mk >= end[(s, "W", b)])
-        cap = model.budget(s)
-        if cap < N:
+    for r in range(model.ranks):
+        cap = model.budget(r)
+        own = model.rank_stages(r)
+        if cap < N * len(own):
             live = []
-            for b in range(N):
-                size = m.new_int_var(dur[(s, "F")] + dur[(s, "I")], horizon, f"live{b}@{s}")
-                live.append(m.new_interval_var(start[(s, "F", b)], size, end[(s, "I", b)], f"mem{b}@{s}"))
-            m.add_cumulative(live, [1] * N, cap)
-    # Closed-form per-stage bounds (lower_bound_ms), on the integer durations.
-    bounds = _stage_bounds(
-        S,
-        N,
-        [dur[(s, "F")] for s in range(S)],
-        [dur[(s, "I")] for s in range(S)],
-        [dur[(s, "W")] for s in range(S)],
-        delay,
-        [model.budget(s) for s in range(S)],
-    )
+            for s in own:
+                for b in range(N):
+                    size = m.new_int_var(dur[(s, "F")] + dur[(s, "I")], horizon, f"live{b}@{s}")
+                    live.append(m.new_interval_var(start[(s, "F", b)], size, end[(s, "I", b)], f"mem{b}@{s}"))
+            m.add_cumulative(live, [1] * len(live), cap)
+    # Closed-form bounds (lower_bound_ms), on the integer durations.
+    per_stage = [[dur[(s, k)] for s in range(S)] for k in kinds]
+    if model.stages_per_rank > 1:
+        bounds = _rank_bounds(model, *per_stage, delay)
+    else:
+        bounds = _stage_bounds(S, N, *per_stage, delay, [model.budget(s) for s in range(S)])
     for b_s in bounds:
         m.add(mk >= math.ceil(b_s))
     # Symmetry breaking (see module docstring).
@@ -306,7 +340,7 @@ def _solve(
         for s in range(S):
             for k in kinds:
                 for b in range(N):
-                    m.add_hint(start[(s, k, b)], round(hint_times[(s, Op(k, b))][0] * scale))
+                    m.add_hint(start[(s, k, b)], round(hint_times[(s, k, b)][0] * scale))
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit_s)
@@ -333,9 +367,13 @@ def _solve(
             status=f"{status_name}:hint",
         )
     orders = []
-    for s in range(S):
+    named = model.stages_per_rank > 1
+    for r in range(model.ranks):
         ops = sorted(
-            ((solver.value(start[(s, k, b)]), kinds.index(k), b, Op(k, b)) for k in kinds for b in range(N)),
+            (solver.value(start[(s, k, b)]), kinds.index(k), s, b, Op(k, b, s if named else None))
+            for s in model.rank_stages(r)
+            for k in kinds
+            for b in range(N)
         )
         orders.append(tuple(op for *_, op in ops))
     orders_t = tuple(orders)

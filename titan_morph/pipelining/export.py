@@ -58,8 +58,12 @@ def _orders_of(plan_or_orders: PlanOrOrders) -> tuple[Order, ...]:
 
 
 def csv_rows(plan_or_orders: PlanOrOrders) -> list[list[str]]:
-    """Rows of the compute-only CSV: row ``r`` holds ``f"{r}{kind}{mb}"`` for rank/stage ``r``."""
-    return [[f"{rank}{op.kind}{op.mb}" for op in order] for rank, order in enumerate(_orders_of(plan_or_orders))]
+    """Rows of the compute-only CSV: row ``r`` holds ``f"{stage}{kind}{mb}"`` per op of rank ``r``
+    (the op's stage; the rank itself when the op names none: one stage per rank)."""
+    return [
+        [f"{rank if op.stage is None else op.stage}{op.kind}{op.mb}" for op in order]
+        for rank, order in enumerate(_orders_of(plan_or_orders))
+    ]
 
 
 def write_csv(plan_or_orders: PlanOrOrders, path: str | Path) -> Path:
@@ -74,11 +78,13 @@ def write_csv(plan_or_orders: PlanOrOrders, path: str | Path) -> Path:
 
 
 def read_csv(path: str | Path) -> tuple[Order, ...]:
-    """Parse a compute-only torch CSV into per-stage orders (line ``r`` = rank ``r`` = stage ``r``).
+    """Parse a compute-only torch CSV into per-rank orders (line ``r`` = rank ``r``).
 
     Pure Python (no torch). Empty cells (torch writes ``None`` steps as ``""``) are skipped;
-    trailing blank lines are ignored. Anything else that is not ``<stage><F|I|W|B><mb>`` with
-    ``stage == rank`` raises ``ValueError`` naming the file, line and token.
+    trailing blank lines are ignored. When every action's stage is its rank, the ops name no stage
+    (one stage per rank); otherwise every op keeps its stage (several stages per rank, e.g. the V,
+    which :func:`model.validate_orders` then checks). Anything that is not
+    ``<stage><F|I|W|B><mb>`` raises ``ValueError`` naming the file, line and token.
     """
     path = Path(path)
     with open(path, newline="") as fh:
@@ -106,14 +112,22 @@ def read_csv(path: str | Path) -> tuple[Order, ...]:
                 raise ValueError(f"{where}: unknown action kind {kind!r}, expected one of {'/'.join(KINDS)}")
             if mb == "":
                 raise ValueError(f"{where}: missing microbatch index")
-            if stage != rank:
-                raise ValueError(
-                    f"{where}: stage {stage} on rank {rank}; titan_morph runs one stage per rank (stage = rank)"
-                )
-            ops.append(Op(kind, int(mb)))
+            ops.append(Op(kind, int(mb), stage))
         if not ops:
             raise ValueError(f"{path}: line {line}: rank {rank} has no actions")
         orders.append(tuple(ops))
+    if all(op.stage == rank for rank, order in enumerate(orders) for op in order):
+        return tuple(tuple(Op(op.kind, op.mb) for op in order) for order in orders)
+    ranks = len(orders)
+    for rank, (row, order) in enumerate(zip(rows, orders)):
+        for op in order:
+            if op.stage not in (rank, 2 * ranks - 1 - rank):
+                col = 1 + [cell.strip() for cell in row].index(f"{op.stage}{op.kind}{op.mb}")
+                raise ValueError(
+                    f"{path}: line {rank + 1}, token {col} '{op}': stage {op.stage} on rank {rank}; titan_morph"
+                    f" places one stage per rank (stage = rank) or two in a V (stages {rank} and"
+                    f" {2 * ranks - 1 - rank} on rank {rank} of {ranks})"
+                )
     return tuple(orders)
 
 
@@ -163,27 +177,32 @@ class Message:
 def messages(result: SimResult, links: LinkModel | None = None, step: int = 0) -> list[Message]:
     """Every message of ``result`` with its delivery time (links.py semantics: FIFO per link/direction).
 
-    F on stage s sends to F on s+1 over link s (``fwd``); I/B on stage s sends to I/B on s−1 over
-    link s−1 (``bwd``). ``links`` defaults to ``StaticDelays(result.model.delays)``; pass the model
-    the run was simulated with when it was not static.
+    F on stage s sends to F on s+1, I/B on stage s to I/B on s−1, over the link between their
+    ranks (``fwd`` from rank i to i+1, ``bwd`` back; one stage per rank: link s, link s−1); the
+    V's local hop sends nothing. ``links`` defaults to ``StaticDelays(result.model.delays)``; pass
+    the model the run was simulated with when it was not static.
     """
-    from .links import StaticDelays
+    from .links import DIRECTIONS, StaticDelays
 
-    link_model = links if links is not None else StaticDelays(result.model.delays)
+    model = result.model
+    link_model = links if links is not None else StaticDelays(model.delays)
+    route_f, route_b = model.routes()
     where: dict[tuple[int, str, int], Any] = {}
-    for stage_timings in result.timings:
-        for t in stage_timings:
-            where[(t.stage, "I" if t.op.kind == "B" else t.op.kind, t.op.mb)] = t
-    stages = len(result.timings)
+    for rank_timings in result.timings:
+        for t in rank_timings:
+            stage = t.stage if t.op.stage is None else t.op.stage
+            where[(stage, "I" if t.op.kind == "B" else t.op.kind, t.op.mb)] = t
     pending: dict[tuple[int, str], list[tuple[float, Any, Any]]] = {}
-    for stage_timings in result.timings:
-        for t in stage_timings:
-            if t.op.kind == "F" and t.stage + 1 < stages:
-                key, dst = (t.stage, "fwd"), where.get((t.stage + 1, "F", t.op.mb))
-            elif t.op.kind in ("I", "B") and t.stage > 0:
-                key, dst = (t.stage - 1, "bwd"), where.get((t.stage - 1, "I", t.op.mb))
+    for rank_timings in result.timings:
+        for t in rank_timings:
+            stage = t.stage if t.op.stage is None else t.op.stage
+            if t.op.kind == "F" and route_f[stage] is not None:
+                route, dst = route_f[stage], where.get((stage + 1, "F", t.op.mb))
+            elif t.op.kind in ("I", "B") and route_b[stage] is not None:
+                route, dst = route_b[stage], where.get((stage - 1, "I", t.op.mb))
             else:
                 continue
+            key = (route[0], DIRECTIONS[route[1]])  # type: ignore[index]
             if dst is not None:
                 pending.setdefault(key, []).append((t.end + t.blocked, t, dst))
     out = []
@@ -198,22 +217,24 @@ def messages(result: SimResult, links: LinkModel | None = None, step: int = 0) -
 def chrome_trace(result: SimResult, path: str | Path, links: LinkModel | None = None, step: int = 0) -> Path:
     """Write a Chrome/Perfetto trace of a simulated iteration; returns the path.
 
-    One process per stage (``pid`` = stage): complete ``X`` events named ``F3``/``I3``/``W3``
-    (``cat`` = kind) on thread 0, and send-blocking intervals (head-of-line blocking, §3.2) as
-    ``X`` events with ``cat = "blocked"`` on thread 1. One more process per link (``pid`` =
-    S + link) shows each message in flight (async ``b``/``e`` events, ``cat = "link"``, from
-    acceptance to delivery: the link delay), and a flow arrow joins each sending op to the op
+    One process per rank (``pid`` = rank; the stage with one stage per rank): complete ``X``
+    events named ``F3``/``I3``/``W3`` (``5F3`` when ops name their stage; ``cat`` = kind) on
+    thread 0, and send-blocking intervals (head-of-line blocking, §3.2) as ``X`` events with
+    ``cat = "blocked"`` on thread 1. One more process per link (``pid`` = R + link) shows each
+    message in flight (async ``b``/``e`` events, ``cat = "link"``, from acceptance to delivery:
+    the link delay), and a flow arrow joins each sending op to the op
     that consumes the message. Times are µs from the iteration start. ``links``/``step`` as in
     :func:`messages` (the link model and step the run was simulated with).
     """
     events: list[dict[str, Any]] = []
     stages = len(result.timings)
+    word = "stage" if result.model.stages_per_rank == 1 else "rank"
     for stage in range(stages):
-        events.append({"name": "process_name", "ph": "M", "pid": stage, "tid": 0, "args": {"name": f"stage {stage}"}})
+        events.append({"name": "process_name", "ph": "M", "pid": stage, "tid": 0, "args": {"name": f"{word} {stage}"}})
         events.append({"name": "process_sort_index", "ph": "M", "pid": stage, "tid": 0, "args": {"sort_index": stage}})
         events.append({"name": "thread_name", "ph": "M", "pid": stage, "tid": 0, "args": {"name": "compute"}})
         events.append({"name": "thread_name", "ph": "M", "pid": stage, "tid": 1, "args": {"name": "send blocked"}})
-    for link in range(stages - 1):
+    for link in range(result.model.num_links):
         pid = stages + link
         events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": f"link {link}"}})
         events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
@@ -322,8 +343,8 @@ def timeline_png(result: SimResult, path: str | Path, title: str | None = None, 
                         linewidth=0.6,
                     )
                 )
-            # Microbatch id on the box, in the largest font (<= 7 pt) that fits its width.
-            label = str(t.op.mb)
+            # Microbatch id on the box (with its stage in the V), in the largest font (<= 7 pt) that fits.
+            label = str(t.op.mb) if t.op.stage is None else f"{t.op.stage}:{t.op.mb}"
             size = min(7.0, width * pts_per_ms / (0.62 * len(label) + 0.3))
             if size >= 4.0:
                 ax.text(
@@ -359,7 +380,8 @@ def timeline_png(result: SimResult, path: str | Path, title: str | None = None, 
     ax.set_xlim(0, makespan * 1.13)
     ax.set_ylim(-0.6, stages - 0.4 + 0.35)
     ax.set_yticks(range(stages))
-    ax.set_yticklabels([f"S{s}" for s in reversed(range(stages))])
+    v = result.model.stages_per_rank > 1
+    ax.set_yticklabels([("R" if v else "S") + str(s) for s in reversed(range(stages))])
     ax.set_xlabel("time (ms)")
     names = {"F": "F (forward)", "I": "I (backward input)", "W": "W (backward weight)", "B": "B (full backward)"}
     handles = [Patch(facecolor=COLORS[k], label=names[k]) for k in KINDS if k in kinds_used]
@@ -371,7 +393,8 @@ def timeline_png(result: SimResult, path: str | Path, title: str | None = None, 
     mean_rate = sum(result.bubble_rate) / max(len(result.bubble_rate), 1)
     head = title or "pipeline timeline"
     ax.set_title(
-        f"{head}\nS={stages} N={result.model.microbatches}  link delays [{delays}] ms  "
+        f"{head}\n{f'R={stages} (2 stages per rank, V)' if v else f'S={stages}'} N={result.model.microbatches}"
+        f"  link delays [{delays}] ms  "
         f"makespan {makespan:.1f} ms  mean bubble {mean_rate:.1%}",
         fontsize=10,
     )
@@ -386,7 +409,8 @@ def timeline_png(result: SimResult, path: str | Path, title: str | None = None, 
 
 
 def load_orders_json(data: Mapping[str, Sequence[str]]) -> tuple[Order, ...]:
-    """Inverse of :meth:`Plan.orders_json`: ``{"0": ["F0", ...], ...}`` → per-stage orders."""
+    """Inverse of :meth:`Plan.orders_json`: ``{"0": ["F0", ...], ...}`` (or ``"5F3"`` with stages) →
+    per-rank orders."""
     try:
         ranks = sorted(int(k) for k in data)
     except ValueError as exc:

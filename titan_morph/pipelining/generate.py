@@ -1,12 +1,23 @@
 """Full-pipeline schedule generation (paper §4.3, Appendix Alg. 3 and Alg. 4): the ONE generator.
 
-Given warm-up forward counts x_i (from Alg. 1 / Alg. 2, :mod:`slackness`), the generator simulates
-the pipeline and, whenever a stage is idle, picks its next operation with the two-phase policy of
-Alg. 3: first x_i forwards (idle if none is available), then priority ``I > F > W`` (the paper's
-``B > F > W``), never starting a forward that would put more than ``limit[i]`` microbatches in
-flight (default ``limit = warmup``, which keeps every stage within its warm-up memory). The
-builders (:mod:`builders`) and the search (:mod:`search`) both run this event loop
-(:func:`run_generator`); the search varies its knobs: x_i, the limit and the policy bits below.
+Given warm-up forward counts x_s per stage (from Alg. 1 / Alg. 2, :mod:`slackness`), the generator
+simulates the pipeline and, whenever a rank is idle, picks its next operation with the two-phase
+policy of Alg. 3: a stage first runs x_s forwards (nothing else of that stage meanwhile), then
+priority ``I > F > W`` (the paper's ``B > F > W``), never starting a forward that would put more
+than ``limit[r]`` microbatches in flight on its rank (default ``limit = warmup``, which keeps every
+stage within its warm-up memory). The builders (:mod:`baselines`) and the search (:mod:`search`)
+both run this event loop (:func:`run_generator`); the search varies its knobs: x_s, the limit and
+the policy bits below.
+
+Several stages per rank (the V placement, :class:`model.CostModel`): each stage of an idle rank
+proposes its op by the rules above, and the rank runs the proposal of the earliest phase (warm-up
+F, refill F, I, F, W), then of the oldest microbatch, then of the later stage; forwards past a
+stage's warm-up leave room in the rank's in-flight limit for the warm-up forwards its stages still
+owe, and the first leg never takes the last slot while nothing in flight on the rank can free one
+without the second leg (a microbatch the first leg passed on needs a slot on its way back: without
+it both legs wait for memory and the pipeline deadlocks). With one stage per rank this is Alg. 3 as before.
+With :data:`PAIR_W` and the warm-ups of ZB-V this loop reproduces torch's ``ScheduleZBVZeroBubble``
+orders for uniform op times (tests/pipelining/test_vshape.py).
 
 Deviations from the paper's pseudo-code (and why):
 
@@ -32,6 +43,9 @@ Deviations from the paper's pseudo-code (and why):
   *effective* slackness of ~2 whatever x_i is (their Fig. 8 knee sits at c ≈ t for every Δ).
   Refilling keeps each stage x_i forwards ahead, so fixed orders absorb c <= (Δ_i − 1)t exactly
   as Theorem 1 predicts (tests/pipelining/test_paper_figures.py). Fig. 4/5 are unchanged.
+  :data:`PAIR_W` — a ``W`` runs right after its ``I`` while the rank still has forwards to run (and
+  after the ``I`` that follows its last forward): the steady phase of ZB-V and DualPipeV, whose
+  back-to-back ``I``/``W`` time exactly like a fused ``B``; the cool-down then lets ``W`` fill gaps.
 * Per-stage ready queues (heaps by microbatch) make every decision O(log N); one pass is
   O(S·N·log N).
 
@@ -43,7 +57,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,10 +73,12 @@ __all__ = [
     "WAIT_F",
     "WAIT_W_FOR_F",
     "REFILL",
+    "PAIR_W",
     "ALL_POLICY_BITS",
 ]
 
-_F, _I, _W = 0, 1, 2  # op codes (as in simulate.time_codes); _I also stands for a fused B
+_F, _I, _W = 0, 1, 2  # op kinds (as in simulate.time_codes); _I also stands for a fused B
+_CHUNK = 4  # a code is kind + _CHUNK * chunk (the rank's k-th stage), as in simulate.time_codes
 _ARRIVE_F, _ARRIVE_I = 3, 4  # event codes: an input arrives from a neighbour
 
 WAIT_W = 1
@@ -74,13 +89,21 @@ WAIT_W_FOR_F = 4
 """Policy bit: a ``W`` does not start if an admissible ``F`` input arrives before it would end."""
 REFILL = 8
 """Policy bit: in the steady phase an available ``F`` below the in-flight limit goes before an ``I``."""
-ALL_POLICY_BITS = WAIT_W | WAIT_F | WAIT_W_FOR_F | REFILL
+PAIR_W = 16
+"""Policy bit: a ``W`` runs right after its ``I`` while the rank has forwards left (ZB-V's steady phase)."""
+ALL_POLICY_BITS = WAIT_W | WAIT_F | WAIT_W_FOR_F | REFILL | PAIR_W
+
+
+def _rank_sums(model: CostModel, per_stage: Sequence[int]) -> list[int]:
+    """Σ over each rank's stages of a per-stage value."""
+    return [sum(per_stage[s] for s in model.rank_stages(r)) for r in range(model.ranks)]
 
 
 def check_warmup(model: CostModel, warmup: Sequence[int]) -> tuple[int, ...]:
-    """Validate x_i: one per stage, 1 <= x_i <= N, Lemma 1 (non-increasing), x_i <= M_i.
+    """Validate x_s: one per stage, 1 <= x_s <= N, Lemma 1 (non-increasing over stages), and the
+    warm-up of each rank (Σ of its stages' x_s) within its memory budget M_r.
 
-    Raises ``ValueError`` naming the stage and the allowed range.
+    Raises ``ValueError`` naming the stage (or rank) and the allowed range.
     """
     s_count, n = model.stages, model.microbatches
     try:
@@ -99,27 +122,34 @@ def check_warmup(model: CostModel, warmup: Sequence[int]) -> tuple[int, ...]:
                 f" x_{s} = {x[s]} < x_{s + 1} = {x[s + 1]}"
             )
     if model.memory is not None:
-        for s, v in enumerate(x):
-            if v > model.memory[s]:
+        for r, v in enumerate(_rank_sums(model, x)):
+            if v > model.memory[r]:
+                if model.stages_per_rank == 1:
+                    raise ValueError(
+                        f"stage {r}: warm-up of x_{r} = {v} forwards needs {v} microbatches in flight,"
+                        f" more than the memory budget M_{r} = {model.memory[r]}"
+                    )
                 raise ValueError(
-                    f"stage {s}: warm-up of x_{s} = {v} forwards needs {v} microbatches in flight,"
-                    f" more than the memory budget M_{s} = {model.memory[s]}"
+                    f"rank {r}: warm-ups of its stages {list(model.rank_stages(r))} need {v} microbatches in"
+                    f" flight, more than the memory budget M_{r} = {model.memory[r]}"
                 )
     return x
 
 
 def check_limit(model: CostModel, warmup: Sequence[int], limit: Sequence[int] | None) -> tuple[int, ...]:
-    """Validate the in-flight cap per stage: x_i <= limit_i <= M_i (N when unbounded)."""
+    """Validate the in-flight cap per rank: Σ x_s of its stages <= limit_r <= M_r (all of its
+    stages' microbatches when unbounded). Default: the rank's warm-up."""
+    need = _rank_sums(model, warmup)
     if limit is None:
-        return tuple(warmup)
+        return tuple(need)
     lim = tuple(int(v) for v in limit)
-    if len(lim) != model.stages:
-        raise ValueError(f"limit needs {model.stages} values (one per stage), got {len(lim)}")
-    for s, (v, x) in enumerate(zip(lim, warmup)):
-        if not x <= v <= model.budget(s):
+    if len(lim) != model.ranks:
+        raise ValueError(f"limit needs {model.ranks} values (one per rank), got {len(lim)}")
+    for r, (v, x) in enumerate(zip(lim, need)):
+        if not x <= v <= model.budget(r):
             raise ValueError(
-                f"limit_{s} = {v} out of range: the in-flight cap must satisfy x_{s} = {x} <= limit_{s}"
-                f" <= {model.budget(s)} (memory budget / N)"
+                f"limit_{r} = {v} out of range: the in-flight cap must satisfy x_{r} = {x} <= limit_{r}"
+                f" <= {model.budget(r)} (memory budget / N)"
             )
     return lim
 
@@ -133,14 +163,15 @@ def generate(
     refill: bool = False,
     **options: Any,
 ) -> tuple[Order, ...]:
-    """Per-stage operation orders by Alg. 3/4 (event-driven; δ-quantised when ``delta`` is set).
+    """Per-rank operation orders by Alg. 3/4 (event-driven; δ-quantised when ``delta`` is set).
 
-    ``warmup`` = x_i, ``limit`` = in-flight cap per stage (default x_i). ``policy``: bits
-    :data:`WAIT_W`, :data:`WAIT_F`, :data:`WAIT_W_FOR_F`, :data:`REFILL` (module docstring), one
-    value for every stage or one per stage; ``refill=True`` adds :data:`REFILL` everywhere.
-    ``options`` are :func:`run_generator`'s: ``split_backward=False`` emits fused ``B`` ops
-    (1F1B-style) instead of ``I``/``W``; ``delta`` quantises decision times; delays come from
-    ``model.delays`` unless ``links`` is given (looked up at ``t0 + t`` and ``step``).
+    ``warmup`` = x_s per stage, ``limit`` = in-flight cap per rank (default its warm-up).
+    ``policy``: bits :data:`WAIT_W`, :data:`WAIT_F`, :data:`WAIT_W_FOR_F`, :data:`REFILL`,
+    :data:`PAIR_W` (module docstring), one value for every rank or one per rank; ``refill=True``
+    adds :data:`REFILL` everywhere. ``options`` are :func:`run_generator`'s:
+    ``split_backward=False`` emits fused ``B`` ops (1F1B-style) instead of ``I``/``W``; ``delta``
+    quantises decision times; delays come from ``model.delays`` unless ``links`` is given (looked
+    up at ``t0 + t`` and ``step``).
     """
     x = check_warmup(model, warmup)
     lim = check_limit(model, x, limit)
@@ -150,8 +181,8 @@ def generate(
     delta, links = options.get("delta"), options.get("links")
     if delta is not None and not (delta > 0 and math.isfinite(delta)):
         raise ValueError(f"delta must be a finite time step > 0 ms (or None for exact), got {delta}")
-    if links is not None and links.num_links != model.stages - 1:
-        raise ValueError(f"links model has {links.num_links} links, the cost model {model.stages - 1}")
+    if links is not None and links.num_links != model.num_links:
+        raise ValueError(f"links model has {links.num_links} links, the cost model {model.num_links}")
     if links is None:
         for link, c in enumerate(model.delays):
             if math.isinf(c):
@@ -160,18 +191,26 @@ def generate(
     if codes is None:  # cannot happen for valid x and limits; kept as a clear internal check
         raise RuntimeError(f"schedule generation stalled with warmup={list(x)} limit={list(lim)} policy={list(pol)}")
     kinds = ("F", "I" if options.get("split_backward", True) else "B", "W")
-    cache = [[Op(kind, m) for m in range(model.microbatches)] for kind in kinds]
-    return tuple(tuple(cache[c][m] for c, m in order) for order in codes)
+    n = model.microbatches
+    out = []
+    for r, order in enumerate(codes):
+        named = model.stages_per_rank > 1
+        cache = [[Op(kind, m, s if named else None) for m in range(n)] for s in model.rank_stages(r) for kind in kinds]
+        out.append(tuple(cache[(c // _CHUNK) * 3 + c % _CHUNK][m] for c, m in order))
+    return tuple(out)
 
 
 def check_policy(model: CostModel, policy: int | Sequence[int]) -> tuple[int, ...]:
-    """Validate the policy bits: one int for every stage or one per stage, each in 0..15."""
-    pol = (int(policy),) * model.stages if isinstance(policy, int) else tuple(int(p) for p in policy)
-    if len(pol) != model.stages:
-        raise ValueError(f"policy needs 1 or {model.stages} values (one per stage), got {len(pol)}")
+    """Validate the policy bits: one int for every rank or one per rank, each in 0..31."""
+    ranks = model.ranks
+    pol = (int(policy),) * ranks if isinstance(policy, int) else tuple(int(p) for p in policy)
+    if len(pol) != ranks:
+        raise ValueError(f"policy needs 1 or {ranks} values (one per rank), got {len(pol)}")
     for s, p in enumerate(pol):
         if not 0 <= p <= ALL_POLICY_BITS:
-            raise ValueError(f"policy_{s} = {p} out of range: a combination of the bits 1, 2, 4, 8 (0..15)")
+            raise ValueError(
+                f"policy_{s} = {p} out of range: a combination of the bits 1, 2, 4, 8, 16 (0..{ALL_POLICY_BITS})"
+            )
     return pol
 
 
@@ -188,99 +227,178 @@ def run_generator(
     step: int = 0,
     record: bool = True,
 ) -> tuple[float, list[list[tuple[int, int]]] | None]:
-    """The event loop behind :func:`generate` and the search: (makespan, orders as codes).
+    """The event loop behind :func:`generate` and the search: (makespan, per-rank orders as codes).
 
-    Inputs are trusted (validated by :func:`generate`, or built within range by the search).
-    Orders are lists of ``(code, microbatch)`` with code 0 = F, 1 = I (B when fused), 2 = W; they
-    are None when ``record`` is False or when generation stalls (makespan ``inf``). The makespan
-    is the generator's own timeline: under non-blocking links it equals :func:`simulate.simulate`
-    of the orders (tested), so the search scores knobs without re-timing.
+    Inputs are trusted (validated by :func:`generate`, or built within range by the search):
+    ``warmup`` per stage, ``limit`` and ``policy`` per rank. Orders are lists of ``(code,
+    microbatch)`` with code = kind + 4·chunk, kind 0 = F, 1 = I (B when fused), 2 = W and chunk the
+    op's stage within its rank (:meth:`model.CostModel.rank_stages`); they are None when
+    ``record`` is False or when generation stalls (makespan ``inf``). The makespan is the
+    generator's own timeline: under non-blocking links it equals :func:`simulate.simulate` of the
+    orders (tested), so the search scores knobs without re-timing.
     """
-    s_count, n = model.stages, model.microbatches
+    s_count, n, r_count = model.stages, model.microbatches, model.ranks
     last = s_count - 1
+    route_f, route_b = model.routes()
     if links is None:
-        cd: Sequence[float] = model.delays
+        df = [0.0 if rt is None else model.delays[rt[0]] for rt in route_f]
+        db = [0.0 if rt is None else model.delays[rt[0]] for rt in route_b]
         qf = qb = None
     else:
-        cd = ()
-        qf = [LinkQueue(links, link, "fwd") for link in range(last)]
-        qb = [LinkQueue(links, link, "bwd") for link in range(last)]
+        df = db = []
+        queues = [(LinkQueue(links, k, "fwd"), LinkQueue(links, k, "bwd")) for k in range(model.num_links)]
+        qf = [None if rt is None else queues[rt[0]][rt[1]] for rt in route_f]
+        qb = [None if rt is None else queues[rt[0]][rt[1]] for rt in route_b]
+    rank_of = [model.rank_of(s) for s in range(s_count)]
+    stages_of = [model.rank_stages(r) for r in range(r_count)]
+    chunk_of = [0] * s_count
+    for r in range(r_count):
+        for k, s in enumerate(stages_of[r]):
+            chunk_of[s] = k * _CHUNK
     tf, tw = model.fwd, model.wgt
     ti = model.bwd if split_backward else tuple(b + w for b, w in zip(model.bwd, model.wgt))
     ready_f: list[list[int]] = [[] for _ in range(s_count)]
     ready_i: list[list[int]] = [[] for _ in range(s_count)]
     ready_w: list[list[int]] = [[] for _ in range(s_count)]
     ready_f[0] = list(range(n))  # a sorted list is a valid heap
-    # Arrival times of inputs already on their way (known when the producer starts), FIFO per stage.
-    coming_i: list[deque[float]] = [deque() for _ in range(s_count)]
-    coming_f: list[deque[float]] = [deque() for _ in range(s_count)]
+    # Arrival times of inputs already on their way from another rank (known when the producer
+    # starts), per stage.
+    coming_i: list[list[float]] = [[] for _ in range(s_count)]
+    coming_f: list[list[float]] = [[] for _ in range(s_count)]
     track = any(p & (WAIT_W | WAIT_F | WAIT_W_FOR_F) for p in policy)  # are arrival times needed?
     warm_left = list(warmup)
-    in_flight = [0] * s_count
-    busy = [False] * s_count
-    done = [0] * s_count
-    orders: list[list[tuple[int, int]]] = [[] for _ in range(s_count)]
-    events: list[tuple[float, int, int, int, int]] = []  # (time, seq, stage, code or _ARRIVE_*, mb)
+    warm_rank = [sum(warmup[s] for s in stages_of[r]) for r in range(r_count)]  # warm-up forwards owed
+    f_left = [n * len(stages_of[r]) for r in range(r_count)]
+    # The V's second leg: a microbatch the rank's first stage passed on needs one more slot here
+    # later (on its way back), so the first leg never takes the last slot while the second leg
+    # holds nothing it could free (else both legs wait for memory: a deadlock).
+    up_of = [stages_of[r][-1] if len(stages_of[r]) > 1 else -1 for r in range(r_count)]
+    f_stage = [n] * s_count  # forwards left per stage
+    up_in_flight = [0] * r_count
+    down_done = [0] * r_count  # backward inputs the first leg has run (each of them passed the second leg)
+    last_f = [False] * r_count  # the rank's previous op was a forward
+    pair: list[tuple[int, int] | None] = [None] * r_count  # PAIR_W: the W that must run next
+    in_flight = [0] * r_count
+    busy = [False] * r_count
+    done = [0] * r_count
+    orders: list[list[tuple[int, int]]] = [[] for _ in range(r_count)]
+    events: list[tuple[float, int, int, int, int]] = []  # (time, seq, stage, kind or _ARRIVE_*, mb)
     heappush, heappop = heapq.heappush, heapq.heappop
     seq = 0
-    dirty = list(range(s_count))
-    marked = [True] * s_count
+    dirty = list(range(r_count))
+    marked = [True] * r_count
     now = 0.0
     end_time = 0.0
     while True:
-        # Decisions for idle stages whose state changed (Alg. 3, with the policy bits).
-        for s in dirty:
-            marked[s] = False
-            if busy[s]:
+        # Decisions for idle ranks whose state changed (Alg. 3, with the policy bits).
+        for r in dirty:
+            marked[r] = False
+            if busy[r]:
                 continue
+            p = policy[r]
+            lim = limit[r]
             code = -1
-            p = policy[s]
-            rf = ready_f[s]
-            if warm_left[s] > 0:
-                if rf:
-                    code = _F
-                    warm_left[s] -= 1
-            elif p & REFILL and rf and in_flight[s] < limit[s]:
-                code = _F
-            elif ready_i[s]:
-                code = _I
-            elif rf and in_flight[s] < limit[s]:
-                code = _F
-                if p & WAIT_F and coming_i[s] and coming_i[s][0] < now + tf[s]:
-                    code = -1
-            elif ready_w[s]:
+            if pair[r] is not None:
+                s, m = pair[r]  # type: ignore[misc]
+                pair[r] = None
+                ready_w[s].remove(m)
+                heapq.heapify(ready_w[s])
                 code = _W
-                if p & WAIT_W and coming_i[s] and coming_i[s][0] < now + tw[s]:
-                    code = -1
-                elif p & WAIT_W_FOR_F and coming_f[s] and coming_f[s][0] < now + tw[s] and in_flight[s] < limit[s]:
-                    code = -1
-            if code < 0:
-                continue
+            else:
+                best: tuple[int, int, int] | None = None
+                # Slots beyond those owed to warm-up forwards and to the second leg (module docstring).
+                up = up_of[r]
+                held = (
+                    up >= 0
+                    and up_in_flight[r] == 0
+                    and warm_left[up] == 0
+                    and f_stage[up] > 0
+                    and n - f_stage[up] == down_done[r]  # no first-leg microbatch is past the second leg
+                )
+                room = lim - in_flight[r] - warm_rank[r] - held
+                mine = stages_of[r]
+                wait = 5  # the earliest phase a stage chose to wait in: nothing of it or later runs
+                for s in mine:
+                    rf = ready_f[s]
+                    free = room > 0 or (held and s == up)
+                    if warm_left[s] > 0:
+                        cand = (0, rf[0], -s) if rf else None
+                    elif p & REFILL and rf and free:
+                        cand = (1, rf[0], -s)
+                    elif ready_i[s]:
+                        cand = (2, ready_i[s][0], -s)
+                    elif rf and free:
+                        cand = (3, rf[0], -s)
+                        if p & WAIT_F:  # a gradient the rank will take (its stage past warm-up) comes first
+                            due = now + tf[s]
+                            for q in mine:
+                                if not warm_left[q] and coming_i[q] and coming_i[q][0] < due:
+                                    cand, wait = None, min(wait, 3)
+                    elif ready_w[s]:
+                        cand = (4, ready_w[s][0], -s)
+                        due = now + tw[s]
+                        if p & WAIT_W:
+                            for q in mine:
+                                if not warm_left[q] and coming_i[q] and coming_i[q][0] < due:
+                                    cand, wait = None, min(wait, 4)
+                        if p & WAIT_W_FOR_F and cand is not None:  # an input the rank may forward comes first
+                            for q in mine:
+                                if (
+                                    coming_f[q]
+                                    and coming_f[q][0] < due
+                                    and (warm_left[q] or room > 0 or held and q == up)
+                                ):
+                                    cand, wait = None, min(wait, 4)
+                    else:
+                        cand = None
+                    if cand is not None and (best is None or cand < best):
+                        best = cand
+                if best is None or best[0] >= wait:
+                    continue
+                phase, m, s = best
+                s = -s
+                code = _F if phase in (0, 1, 3) else _I if phase == 2 else _W
+                heappop(ready_f[s] if code == _F else ready_i[s] if code == _I else ready_w[s])
             if code == _F:
-                m = heappop(rf)
-                in_flight[s] += 1
+                if warm_left[s] > 0:
+                    warm_left[s] -= 1
+                    warm_rank[r] -= 1
+                in_flight[r] += 1
+                f_left[r] -= 1
+                f_stage[s] -= 1
+                if s == up_of[r]:
+                    up_in_flight[r] += 1
                 end = now + tf[s]
                 if s < last:
-                    arrive = end + cd[s] if qf is None else qf[s].send(t0 + end, step).delivered - t0
-                    if track:
-                        coming_f[s + 1].append(arrive)
+                    if qf is None:
+                        arrive = end + df[s]
+                    else:
+                        q = qf[s]
+                        arrive = end if q is None else q.send(t0 + end, step).delivered - t0
+                    if track and rank_of[s + 1] != r:
+                        heappush(coming_f[s + 1], arrive)
                     seq += 1
                     heappush(events, (arrive, seq, s + 1, _ARRIVE_F, m))
             elif code == _I:
-                m = heappop(ready_i[s])
                 end = now + ti[s]
+                if p & PAIR_W and split_backward and (f_left[r] > 0 or last_f[r]):
+                    pair[r] = (s, m)
                 if s > 0:
-                    arrive = end + cd[s - 1] if qb is None else qb[s - 1].send(t0 + end, step).delivered - t0
-                    if track:
-                        coming_i[s - 1].append(arrive)
+                    if qb is None:
+                        arrive = end + db[s]
+                    else:
+                        q = qb[s]
+                        arrive = end if q is None else q.send(t0 + end, step).delivered - t0
+                    if track and rank_of[s - 1] != r:
+                        heappush(coming_i[s - 1], arrive)
                     seq += 1
                     heappush(events, (arrive, seq, s - 1, _ARRIVE_I, m))
             else:
-                m = heappop(ready_w[s])
                 end = now + tw[s]
+            last_f[r] = code == _F
             if record:
-                orders[s].append((code, m))
-            busy[s] = True
+                orders[r].append((code + chunk_of[s], m))
+            busy[r] = True
             seq += 1
             heappush(events, (end, seq, s, code, m))
         dirty.clear()
@@ -295,30 +413,35 @@ def run_generator(
         # Apply every event up to `now` before deciding (ties resolved by priority, not order).
         while events and events[0][0] <= horizon:
             t, _, s, code, m = heappop(events)
-            if not marked[s]:
-                marked[s] = True
-                dirty.append(s)
+            r = rank_of[s]
+            if not marked[r]:
+                marked[r] = True
+                dirty.append(r)
             if code == _ARRIVE_F:
                 heappush(ready_f[s], m)
-                if track:
-                    coming_f[s].popleft()
+                if track and rank_of[s - 1] != r:
+                    heappop(coming_f[s])
                 continue
             if code == _ARRIVE_I:
                 heappush(ready_i[s], m)
-                if track:
-                    coming_i[s].popleft()
+                if track and rank_of[s + 1] != r:
+                    heappop(coming_i[s])
                 continue
-            busy[s] = False
-            done[s] += 1
+            busy[r] = False
+            done[r] += 1
             end_time = t
             if code == _F:
                 if s == last:
                     heappush(ready_i[s], m)
             elif code == _I:
-                in_flight[s] -= 1
+                in_flight[r] -= 1
+                if s == up_of[r]:
+                    up_in_flight[r] -= 1
+                elif up_of[r] >= 0:
+                    down_done[r] += 1
                 if split_backward:
                     heappush(ready_w[s], m)
-    per_stage = n * (3 if split_backward else 2)
-    if any(d != per_stage for d in done):
+    per_rank = n * (3 if split_backward else 2)
+    if any(d != per_rank * len(stages_of[r]) for r, d in enumerate(done)):
         return math.inf, None
     return end_time, orders if record else None

@@ -6,16 +6,25 @@ names of operations. Pure Python on purpose: the scheduler core must not import 
 
 Conventions (shared by every module, keep them stable):
 
-* Stages are ``0 .. S-1``; *link* ``i`` joins stage ``i`` and ``i+1`` (``S-1`` links).
+* Stages are ``0 .. S-1``, ranks ``0 .. R-1``. With one stage per rank (``stages_per_rank = 1``,
+  the default) rank ``r`` runs stage ``r``. With two (``stages_per_rank = 2``, the V placement of
+  ZB-V and DualPipeV, S = 2R) rank ``r`` runs stages ``r`` and ``2R-1-r``: the pipeline goes down the
+  ranks and back up, and the last rank's two stages pass data locally.
+* *Link* ``i`` is the physical link between ranks ``i`` and ``i+1`` (``R-1`` links). A hop of the
+  pipeline (stage ``s`` to ``s+1``) uses the link between the ranks of its stages, or none when both
+  are on one rank; in the V each link carries two hops in each direction.
 * Operation kinds: ``F`` forward, ``I`` backward for inputs (the paper's *B*), ``W`` backward
   for weights, and ``B`` = full backward (I and W fused, as in classic 1F1B).
   The letters follow torch's ``_ComputationType`` string forms (``F``, ``I``, ``W``, ``B``).
-* Dependencies: ``F[s,m]`` needs ``F[s-1,m]`` delivered over link ``s-1``; ``I[s,m]`` (or
-  ``B[s,m]``) needs ``F[s,m]`` done and, unless ``s`` is last, ``I[s+1,m]`` delivered over link
-  ``s``; ``W[s,m]`` needs ``I[s,m]`` done. A stage runs one operation at a time.
-* Memory: ``memory[s]`` bounds the microbatches whose ``F`` has started on stage ``s`` and whose
-  ``I`` (or ``B``) has not finished. Because a stage is sequential this is a property of the
-  order alone: every prefix of the order ending in an ``F`` has ``#F - #I <= memory[s]``.
+* Dependencies: ``F[s,m]`` needs ``F[s-1,m]`` delivered over the hop ``s-1``; ``I[s,m]`` (or
+  ``B[s,m]``) needs ``F[s,m]`` done and, unless ``s`` is last, ``I[s+1,m]`` delivered over the hop
+  ``s``; ``W[s,m]`` needs ``I[s,m]`` done. A rank runs one operation at a time; its order
+  interleaves the ops of its stages (ops then carry their stage: ``Op("F", 3, 5)`` prints ``5F3``,
+  torch's action notation). Per microbatch a stage runs either a fused ``B`` or ``I`` and ``W``.
+* Memory: ``memory[r]`` bounds the microbatches whose ``F`` has started on a stage of rank ``r``
+  and whose ``I`` (or ``B``) has not finished, summed over the rank's stages. Because a rank is
+  sequential this is a property of the order alone: every prefix of the order ending in an ``F``
+  has ``#F - #I <= memory[r]``.
 * Times are milliseconds (floats); a delay of ``math.inf`` means the link is down.
 """
 
@@ -23,40 +32,52 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 KINDS = ("F", "I", "W", "B")
-_OP_RE = re.compile(r"^([FIWB])(\d+)$")
+_OP_RE = re.compile(r"^(\d*)([FIWB])(\d+)$")
 
 
 @dataclass(frozen=True, order=True)
 class Op:
-    """One computation of one microbatch on a stage: ``Op("F", 3)`` prints as ``F3``."""
+    """One computation of one microbatch: ``Op("F", 3)`` prints as ``F3`` (the rank's only stage);
+    with the stage given, ``Op("F", 3, 5)`` prints as ``5F3`` (torch's ``_Action`` notation)."""
 
     kind: str
     mb: int
+    stage: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"op kind must be one of {KINDS}, got {self.kind!r}")
         if self.mb < 0:
             raise ValueError(f"op microbatch must be >= 0, got {self.mb}")
+        if self.stage is not None and self.stage < 0:
+            raise ValueError(f"op stage must be >= 0, got {self.stage}")
 
     def __str__(self) -> str:
-        return f"{self.kind}{self.mb}"
+        return f"{self.kind}{self.mb}" if self.stage is None else f"{self.stage}{self.kind}{self.mb}"
 
     @classmethod
     def parse(cls, text: str) -> Op:
-        """Parse ``"F3"`` / ``"I0"`` / ``"W12"`` / ``"B1"``."""
+        """Parse ``"F3"`` / ``"I0"`` / ``"W12"`` / ``"B1"``, or with a stage in front: ``"5F3"``."""
         match = _OP_RE.match(text.strip())
         if match is None:
-            raise ValueError(f"cannot parse op {text!r}: expected a kind in {KINDS} then a microbatch id, e.g. 'F3'")
-        return cls(match.group(1), int(match.group(2)))
+            raise ValueError(
+                f"cannot parse op {text!r}: expected [stage] then a kind in {KINDS} then a microbatch id,"
+                " e.g. 'F3' or '5F3'"
+            )
+        stage = int(match.group(1)) if match.group(1) else None
+        return cls(match.group(2), int(match.group(3)), stage)
 
 
 Order = tuple[Op, ...]
-"""The sequence of operations one stage executes in one iteration."""
+"""The sequence of operations one rank executes in one iteration."""
+
+STAGES_PER_RANK = (1, 2)
+"""Placements the planner knows: one stage per rank, or two in a V (ZB-V's and DualPipeV's)."""
 
 
 def _per_stage(name: str, value: float | Sequence[float], n: int) -> tuple[float, ...]:
@@ -73,9 +94,10 @@ def _per_stage(name: str, value: float | Sequence[float], n: int) -> tuple[float
 class CostModel:
     """Per-stage compute times, per-link delays, N microbatches and the memory budget.
 
-    ``fwd``/``bwd``/``wgt`` are t^F_i, t^B_i (input backward, op ``I``), t^W_i in ms.
-    ``delays[i]`` is c_i on link i (both directions) in ms. ``memory[i]`` is M_i, the most
-    microbatches in flight on stage i; ``None`` means unbounded.
+    ``fwd``/``bwd``/``wgt`` are t^F_s, t^B_s (input backward, op ``I``), t^W_s in ms, one per
+    stage. ``delays[i]`` is c_i on link i (both directions) in ms, one per link between ranks.
+    ``memory[r]`` is M_r, the most microbatches in flight on rank r (over its stages); ``None``
+    means unbounded. ``stages_per_rank``: 1, or 2 for the V placement (module docstring).
     """
 
     stages: int
@@ -85,30 +107,45 @@ class CostModel:
     wgt: tuple[float, ...]
     delays: tuple[float, ...] = field(default=())
     memory: tuple[int, ...] | None = None
+    stages_per_rank: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.stages, int) or self.stages < 1:
             raise ValueError(f"stages must be an integer >= 1, got {self.stages!r}")
         if not isinstance(self.microbatches, int) or self.microbatches < 1:
             raise ValueError(f"microbatches must be an integer >= 1, got {self.microbatches!r}")
+        if self.stages_per_rank not in STAGES_PER_RANK:
+            raise ValueError(
+                f"stages_per_rank must be one of {STAGES_PER_RANK} (2 = the V placement), got {self.stages_per_rank!r}"
+            )
+        if self.stages % self.stages_per_rank:
+            raise ValueError(
+                f"stages = {self.stages} must be a multiple of stages_per_rank = {self.stages_per_rank}"
+                " (every rank holds the same number of stages)"
+            )
         s = self.stages
+        links = self.num_links
         object.__setattr__(self, "fwd", _per_stage("fwd", self.fwd, s))
         object.__setattr__(self, "bwd", _per_stage("bwd", self.bwd, s))
         object.__setattr__(self, "wgt", _per_stage("wgt", self.wgt, s))
-        delays = tuple(float(d) for d in (self.delays or (0.0,) * (s - 1)))
-        if len(delays) != s - 1:
-            raise ValueError(f"delays needs {s - 1} values (one per link between {s} stages), got {len(delays)}")
+        delays = tuple(float(d) for d in (self.delays or (0.0,) * links))
+        if len(delays) != links:
+            raise ValueError(
+                f"delays needs {links} values (one per link between {self.ranks} ranks), got {len(delays)}"
+            )
         for d in delays:
             if not d >= 0:  # inf (link down) is allowed here; NaN and negatives are not
                 raise ValueError(f"delays must be >= 0 ms (inf = link down), got {d}")
         object.__setattr__(self, "delays", delays)
         if self.memory is not None:
-            mem = (int(self.memory),) * s if isinstance(self.memory, int) else tuple(int(m) for m in self.memory)
-            if len(mem) != s:
-                raise ValueError(f"memory needs {s} values (one per stage), got {len(mem)}")
+            r = self.ranks
+            mem = (int(self.memory),) * r if isinstance(self.memory, int) else tuple(int(m) for m in self.memory)
+            if len(mem) != r:
+                raise ValueError(f"memory needs {r} values (one per rank), got {len(mem)}")
+            least = self.stages_per_rank  # in the V a microbatch is held on both stages of a rank at once
             for m in mem:
-                if m < 1:
-                    raise ValueError(f"memory must be >= 1 microbatch in flight per stage, got {m}")
+                if m < least:
+                    raise ValueError(f"memory must be >= {least} microbatch(es) in flight per rank, got {m}")
             object.__setattr__(self, "memory", mem)
 
     @classmethod
@@ -121,23 +158,70 @@ class CostModel:
         wgt: float | Sequence[float],
         delays: float | Sequence[float] | None = None,
         memory: int | Sequence[int] | None = None,
+        stages_per_rank: int = 1,
     ) -> CostModel:
-        """Build from scalars or per-stage lists (scalars broadcast)."""
+        """Build from scalars or per-stage lists (scalars broadcast); ``stages`` counts stages, not ranks."""
+        links = stages // stages_per_rank - 1 if stages_per_rank in STAGES_PER_RANK else stages - 1
         if delays is None:
             delay_t: tuple[float, ...] = ()
         elif isinstance(delays, (int, float)):
-            delay_t = (float(delays),) * (stages - 1)
+            delay_t = (float(delays),) * links
         else:
             delay_t = tuple(float(d) for d in delays)
-        return cls(stages, microbatches, fwd, bwd, wgt, delay_t, memory)  # type: ignore[arg-type]
+        return cls(stages, microbatches, fwd, bwd, wgt, delay_t, memory, stages_per_rank)  # type: ignore[arg-type]
+
+    @property
+    def ranks(self) -> int:
+        """R: pipeline ranks (= stages with one stage per rank)."""
+        return self.stages // self.stages_per_rank
+
+    @property
+    def num_links(self) -> int:
+        """R − 1 physical links between adjacent ranks."""
+        return self.stages // self.stages_per_rank - 1
+
+    def rank_of(self, stage: int) -> int:
+        """The rank that runs ``stage`` (V: ``s`` for s < R, else ``2R-1-s``)."""
+        r = self.ranks
+        return stage if stage < r else 2 * r - 1 - stage
+
+    def rank_stages(self, rank: int) -> tuple[int, ...]:
+        """The stages rank ``rank`` runs, in chunk order: ``(r,)``, or ``(r, 2R-1-r)`` in the V."""
+        if self.stages_per_rank == 1:
+            return (rank,)
+        return (rank, 2 * self.ranks - 1 - rank)
+
+    def hop_link(self, stage: int) -> int | None:
+        """The link the hop from ``stage`` to ``stage + 1`` crosses; None when both run on one rank."""
+        a, b = self.rank_of(stage), self.rank_of(stage + 1)
+        return None if a == b else min(a, b)
+
+    def link_hops(self, link: int) -> tuple[int, ...]:
+        """The hops (by their first stage s: s -> s+1) that cross ``link``: ``(i,)``, or two in the V."""
+        return tuple(s for s in range(self.stages - 1) if self.hop_link(s) == link)
+
+    def routes(self) -> tuple[tuple[tuple[int, int] | None, ...], tuple[tuple[int, int] | None, ...]]:
+        """Where each stage's outputs travel, as ``(link, direction)`` with direction 0 = ``"fwd"``
+        (rank i to i+1) and 1 = ``"bwd"``, or None (local hop, or no successor): per stage s, the
+        activation of its ``F`` (to s+1) and the gradient of its ``I``/``B`` (to s−1)."""
+        fwd: list[tuple[int, int] | None] = []
+        bwd: list[tuple[int, int] | None] = []
+        for s in range(self.stages):
+            for out, peer in ((fwd, s + 1), (bwd, s - 1)):
+                if not 0 <= peer < self.stages or self.rank_of(peer) == self.rank_of(s):
+                    out.append(None)
+                else:
+                    a, b = self.rank_of(s), self.rank_of(peer)
+                    out.append((min(a, b), 0 if b > a else 1))
+        return tuple(fwd), tuple(bwd)
 
     def with_delays(self, delays: Iterable[float]) -> CostModel:
         """The same model with other link delays (e.g. measured ones)."""
-        return CostModel(self.stages, self.microbatches, self.fwd, self.bwd, self.wgt, tuple(delays), self.memory)
+        return replace(self, delays=tuple(delays))
 
     def with_memory(self, memory: int | Sequence[int] | None) -> CostModel:
         """The same model with another memory budget (``None`` = unbounded)."""
-        return CostModel(self.stages, self.microbatches, self.fwd, self.bwd, self.wgt, self.delays, memory)  # type: ignore[arg-type]
+        return replace(self, memory=memory)  # type: ignore[arg-type]
 
     def duration(self, stage: int, kind: str) -> float:
         """Execution time of one op of ``kind`` on ``stage`` (``B`` = I + W fused)."""
@@ -151,9 +235,10 @@ class CostModel:
             return self.bwd[stage] + self.wgt[stage]
         raise ValueError(f"unknown op kind {kind!r}")
 
-    def budget(self, stage: int) -> int:
-        """M_i for ``stage``; N when unbounded (no stage can hold more than N microbatches)."""
-        return self.microbatches if self.memory is None else min(self.memory[stage], self.microbatches)
+    def budget(self, rank: int) -> int:
+        """M_r for ``rank``; when unbounded, all the microbatches of its stages (nothing holds more)."""
+        full = self.microbatches * self.stages_per_rank
+        return full if self.memory is None else min(self.memory[rank], full)
 
 
 def in_flight_peak(order: Sequence[Op]) -> int:
@@ -168,10 +253,12 @@ def in_flight_peak(order: Sequence[Op]) -> int:
     return peak
 
 
-def warmup_count(order: Sequence[Op]) -> int:
-    """x_i: forwards a stage runs before its first backward (I or B)."""
+def warmup_count(order: Sequence[Op], stage: int | None = None) -> int:
+    """x_s: forwards of ``stage`` before its first backward (I or B) in ``order`` (None: the only stage)."""
     count = 0
     for op in order:
+        if stage is not None and op.stage != stage:
+            continue
         if op.kind in ("I", "B"):
             break
         if op.kind == "F":
@@ -179,44 +266,67 @@ def warmup_count(order: Sequence[Op]) -> int:
     return count
 
 
-def validate_orders(model: CostModel, orders: Sequence[Sequence[Op]]) -> None:
-    """Check every stage's order holds each op exactly once and stays within memory.
+def warmup_counts(model: CostModel, orders: Sequence[Sequence[Op]]) -> tuple[int, ...]:
+    """x_s of every stage, read from per-rank ``orders``."""
+    if model.stages_per_rank == 1:
+        return tuple(warmup_count(o) for o in orders)
+    return tuple(warmup_count(orders[model.rank_of(s)], s) for s in range(model.stages))
 
-    Cross-stage feasibility (deadlock) is the simulator's job; this is the per-stage check.
-    Raises ``ValueError`` naming the stage and the offending ops.
+
+def validate_orders(model: CostModel, orders: Sequence[Sequence[Op]]) -> None:
+    """Check every rank's order: each op of its stages exactly once and within its memory budget.
+
+    Per stage and microbatch: one ``F`` and either one fused ``B`` or one ``I`` then one ``W``, in
+    that order. With one stage per rank ops may omit their stage; in the V they must name it.
+    Cross-rank feasibility (deadlock) is the simulator's job. Raises ``ValueError`` naming the rank
+    (and stage) and the offending ops.
     """
-    if len(orders) != model.stages:
-        raise ValueError(f"expected {model.stages} stage orders, got {len(orders)}")
+    v = model.stages_per_rank > 1
+    if len(orders) != model.ranks:
+        raise ValueError(f"expected {model.ranks} {'rank' if v else 'stage'} orders, got {len(orders)}")
     n = model.microbatches
-    for s, order in enumerate(orders):
-        kinds = {op.kind for op in order}
-        split = "I" in kinds or "W" in kinds
-        if split and "B" in kinds:
-            raise ValueError(f"stage {s}: mixes fused B with split I/W backward")
-        needed = ("F", "I", "W") if split or not kinds else ("F", "B")
-        expected = {Op(k, m) for k in needed for m in range(n)}
-        seen: set[Op] = set()
-        dups = sorted({op for op in order if op in seen or seen.add(op)})  # type: ignore[func-returns-value]
-        if dups:
-            raise ValueError(f"stage {s}: ops repeated: {', '.join(map(str, dups))}")
-        missing = sorted(expected - seen)
-        extra = sorted(seen - expected)
-        if missing or extra:
-            raise ValueError(
-                f"stage {s}: order must hold each of {'/'.join(needed)} for microbatches 0..{n - 1} once;"
-                f" missing [{', '.join(map(str, missing))}] unexpected [{', '.join(map(str, extra))}]"
-            )
-        pos = {op: k for k, op in enumerate(order)}
-        bwd = "I" if split else "B"
-        for m in range(n):
-            if pos[Op(bwd, m)] < pos[Op("F", m)]:
-                raise ValueError(f"stage {s}: {bwd}{m} comes before F{m}")
-            if split and pos[Op("W", m)] < pos[Op("I", m)]:
-                raise ValueError(f"stage {s}: W{m} comes before I{m}")
+    for r, order in enumerate(orders):
+        where = f"rank {r}" if v else f"stage {r}"
+        own = model.rank_stages(r)
+        per_stage: dict[int, list[tuple[int, Op]]] = {s: [] for s in own}
+        for pos, op in enumerate(order):
+            stage = op.stage if op.stage is not None else (None if v else r)
+            if stage not in per_stage:
+                need = "name its stage (e.g. '5F3')" if stage is None else f"be on its stages {list(own)}"
+                raise ValueError(f"{where}: op {op} must {need}")
+            per_stage[stage].append((pos, op))
+        for s, ops in per_stage.items():
+            label = f"rank {r} stage {s}" if v else where
+            counts = Counter((op.kind, op.mb) for _, op in ops)
+            dups = sorted(f"{k}{m}" for (k, m), c in counts.items() if c > 1)
+            if dups:
+                raise ValueError(f"{label}: ops repeated: {', '.join(dups)}")
+            pos = {(op.kind, op.mb): p for p, op in ops}
+            missing: list[str] = []
+            extra = [str(op) for _, op in ops if op.mb >= n]
+            for m in range(n):
+                has = {k for k in KINDS if (k, m) in pos}
+                if "F" not in has:
+                    missing.append(f"F{m}")
+                if "B" in has and has & {"I", "W"}:
+                    raise ValueError(f"{label}: microbatch {m} has both a fused B and split I/W backward")
+                if "B" not in has:
+                    missing += [f"{k}{m}" for k in ("I", "W") if k not in has]
+            if missing or extra:
+                raise ValueError(
+                    f"{label}: order must hold F and either B or I and W for microbatches 0..{n - 1} once;"
+                    f" missing [{', '.join(missing)}] unexpected [{', '.join(extra)}]"
+                )
+            for m in range(n):
+                bwd = "B" if ("B", m) in pos else "I"
+                if pos[(bwd, m)] < pos[("F", m)]:
+                    raise ValueError(f"{label}: {bwd}{m} comes before F{m}")
+                if bwd == "I" and pos[("W", m)] < pos[("I", m)]:
+                    raise ValueError(f"{label}: W{m} comes before I{m}")
         peak = in_flight_peak(order)
-        if peak > model.budget(s):
+        if peak > model.budget(r):
             raise ValueError(
-                f"stage {s}: {peak} microbatches in flight exceeds the memory budget M_{s} = {model.budget(s)}"
+                f"{where}: {peak} microbatches in flight exceeds the memory budget M_{r} = {model.budget(r)}"
             )
 
 
@@ -224,8 +334,9 @@ def validate_orders(model: CostModel, orders: Sequence[Sequence[Op]]) -> None:
 class Plan:
     """A schedule as data: what the simulator, the exporter and the runtime all consume.
 
-    ``warmup[i]`` is x_i, ``orders[i]`` stage i's operation order, ``model`` the profile the plan
-    was made from, ``schedule`` the builder that made it (``1f1b``, ``zb-h2``, ``pipemorph``...).
+    ``warmup[s]`` is x_s per stage, ``orders[r]`` rank r's operation order, ``model`` the profile
+    the plan was made from, ``schedule`` the builder that made it (``1f1b``, ``zb-h2``,
+    ``pipemorph``, ``zb-v``...).
     """
 
     schedule: str
@@ -235,7 +346,7 @@ class Plan:
 
     @property
     def slackness(self) -> tuple[int, ...]:
-        """Δ_i = x_i − x_{i+1} per link (§4.1)."""
+        """Δ_s = x_s − x_{s+1} per hop (§4.1): per link with one stage per rank."""
         return tuple(a - b for a, b in zip(self.warmup, self.warmup[1:]))
 
     @property
@@ -247,5 +358,5 @@ class Plan:
         return hashlib.sha1(f"{self.schedule}:{text}".encode()).hexdigest()[:12]
 
     def orders_json(self) -> dict[str, list[str]]:
-        """``{"0": ["F0", "F1", "I0", "W0", ...], ...}`` per rank."""
+        """``{"0": ["F0", "F1", "I0", "W0", ...], ...}`` per rank (``"5F3"`` when ops name their stage)."""
         return {str(s): [str(op) for op in order] for s, order in enumerate(self.orders)}

@@ -70,7 +70,7 @@ def _per_link(name: str, value: float | Sequence[float], links: int) -> tuple[fl
 
 
 def _check_samples(model: CostModel, samples: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], ...]:
-    links = model.stages - 1
+    links = model.num_links
     out = []
     for k, vec in enumerate(samples):
         row = tuple(float(v) for v in vec)
@@ -93,7 +93,7 @@ def expected_makespan(model: CostModel, orders: Sequence[Sequence[Op]], samples:
 
     vectors = _check_samples(model, samples)
     makespan(model, orders)  # checks the orders (each op once, F < I < W, no deadlock)
-    codes = to_codes(orders)
+    codes = to_codes(orders, model)
     return sum(time_codes(model, codes, delays=(v, v)).makespan for v in vectors) / len(vectors)
 
 

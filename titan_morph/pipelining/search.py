@@ -5,10 +5,11 @@ looks for the schedule with the lowest makespan (or, given delay samples, the lo
 :mod:`robust`) within the memory budget, with two workers that take turns:
 
 * Knob worker: hill-climbing (first improvement, memoised, fixed neighbour order) over the knobs
-  of the Alg. 3/4 generator (:func:`generate.run_generator`), per stage: x_i (warm-up quota;
-  non-increasing by Lemma 1, 1 <= x_i <= min(M_i, N)), the in-flight limit
-  (x_i <= limit_i <= min(M_i, N)) and the policy bits (:data:`generate.WAIT_W` ...); with delay
-  samples also which delay vector the generator plans against. Restarts from the next-best seed,
+  of the Alg. 3/4 generator (:func:`generate.run_generator`): per stage x_s (warm-up quota;
+  non-increasing by Lemma 1, 1 <= x_s <= N), per rank the in-flight limit (its stages' warm-up
+  <= limit_r <= min(M_r, N)) and the policy bits (:data:`generate.WAIT_W` ...; also
+  :data:`generate.PAIR_W` with two stages per rank); with delay samples also which delay vector the
+  generator plans against. Restarts from the next-best seed,
   then from seeded kicks of the best local optimum.
 * Order worker: tabu search on fixed orders, as for job shops. The disjunctive graph has one chain
   per stage (its order) and message arcs weighted by the link delays; an op's head is its start
@@ -28,10 +29,15 @@ the same (tested).
 
 Seeds, always evaluated (so the result is never worse than any of them): every baseline builder
 whose warm-up fits the memory budget (1F1B, ZB-H1, ZB-H2, GPipe; 1F1B with split backward times as
-1F1B), the builder's own PipeMorph plan (Alg. 1/2 + Alg. 3/4), the plain greedy (x = 1 with the
-limit at the budget) and the caller's warm-up vectors. The knob worker then starts with Alg. 2,
-Alg. 1, the ZB-H1/ZB-H2 warm-ups clipped to the budget and x = 1, each with limit = x and with
-limit = the budget, and the same vectors with uniform policies.
+1F1B; ZB-V and DualPipeV with two stages per rank), the builder's own PipeMorph plan (Alg. 1/2 +
+Alg. 3/4), the plain greedy (x = 1 with the limit at the budget) and the caller's warm-up vectors.
+The knob worker then starts with Alg. 2, Alg. 1, the baselines' warm-ups clipped to the budget and
+x = 1, each with limit = the rank's warm-up and with limit = the budget, and the same vectors with
+uniform policies.
+
+Two stages per rank (the V): the same workers on per-rank orders whose ops carry their stage
+(:data:`simulate.CHUNK`); order moves never pass an op of the same microbatch on the rank (which
+keeps the V's local hop and each stage's F < I < W), and deadlocking candidates score ``inf``.
 
 Anytime, deterministic and monotone: an iteration is one evaluation (one generator run, or one
 timing of fixed orders), the sequence of evaluations depends only on the inputs (every random
@@ -52,11 +58,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .baselines import build_plain, split_fused, warmup_for
-from .generate import REFILL, WAIT_F, WAIT_W, WAIT_W_FOR_F, run_generator
+from .generate import PAIR_W, REFILL, WAIT_F, WAIT_W, WAIT_W_FOR_F, run_generator
 from .links import LinkModel, StaticDelays
-from .model import CostModel, Op, Plan, validate_orders, warmup_count
-from .simulate import OP_F, OP_I, OP_W, Code, Timeline, from_codes, time_codes, to_codes
-from .slackness import adapted_warmup, initial_warmup
+from .model import CostModel, Op, Plan, validate_orders, warmup_counts
+from .simulate import CHUNK, OP_F, OP_I, OP_W, Code, Timeline, from_codes, time_codes, to_codes
+from .slackness import adapted_warmup, fit_warmup, initial_warmup
 
 __all__ = [
     "Knobs",
@@ -74,7 +80,9 @@ WORK_PER_DEFAULT_SEARCH = 200_000
 MIN_DEFAULT_ITERATIONS = 8
 MAX_DEFAULT_ITERATIONS = 1500
 POLICY_BITS = (WAIT_W, WAIT_F, WAIT_W_FOR_F, REFILL)
+V_POLICY_BITS = (*POLICY_BITS, PAIR_W)
 _UNIFORM_POLICIES = (0, WAIT_W | WAIT_W_FOR_F, WAIT_W | WAIT_F | WAIT_W_FOR_F, REFILL)
+_V_UNIFORM_POLICIES = (REFILL, 0, REFILL | PAIR_W, REFILL | WAIT_W | WAIT_W_FOR_F, WAIT_W | WAIT_F | WAIT_W_FOR_F)
 _EPS = 1e-9
 _PATTERN = (0, 1, 1, 1)
 """Turns of the knob worker (0) and the order worker (1) in the driver's cycle."""
@@ -103,8 +111,8 @@ def iterations_for_ms(model: CostModel, budget_ms: float) -> int:
 
 @dataclass(frozen=True, order=True)
 class Knobs:
-    """One point of the generator's space: per stage x_i, in-flight cap, policy bits, and the index
-    of the delay vector the generator plans against (0 = the model's delays)."""
+    """One point of the generator's space: per stage x_s, per rank the in-flight cap and the policy
+    bits, and the index of the delay vector the generator plans against (0 = the model's delays)."""
 
     warmup: tuple[int, ...]
     limit: tuple[int, ...]
@@ -146,7 +154,9 @@ class _Objective:
         self.model = model
         self.links = links
         self.depth = depth
-        self.caps = tuple(model.budget(s) for s in range(model.stages))
+        self.caps = tuple(model.budget(r) for r in range(model.ranks))
+        self.topo = _Topology(model)
+        self.bits = POLICY_BITS if model.stages_per_rank == 1 else V_POLICY_BITS
         self.plan_models = [model.with_delays(v) for v in plan_vectors]
         self.static: list[tuple[tuple[float, ...], tuple[float, ...]]] | None
         if scenarios is not None:
@@ -237,55 +247,84 @@ def _finish_sum(tl: Timeline) -> float:
 
 
 def _stage_ok(order: Sequence[Code], cap: int) -> bool:
-    """F before I before W per microbatch, and at most ``cap`` microbatches in flight."""
-    seen_f: set[int] = set()
-    seen_i: set[int] = set()
+    """F before I before W per stage and microbatch, and at most ``cap`` microbatches in flight."""
+    seen_f: set[tuple[int, int]] = set()
+    seen_i: set[tuple[int, int]] = set()
     live = 0
     for c, m in order:
-        if c == OP_F:
+        kind, key = c % CHUNK, (c // CHUNK, m)
+        if kind == OP_F:
             live += 1
             if live > cap:
                 return False
-            seen_f.add(m)
-        elif c == OP_I:
-            if m not in seen_f:
+            seen_f.add(key)
+        elif kind == OP_I:
+            if key not in seen_f:
                 return False
             live -= 1
-            seen_i.add(m)
-        elif m not in seen_i:
+            seen_i.add(key)
+        elif key not in seen_i:
             return False
     return True
 
 
-def _critical_blocks(codes: Sequence[Sequence[Code]], tl: Timeline) -> list[tuple[int, int, int]]:
-    """Blocks (stage, first, last position) of back-to-back ops on one critical path (job-shop
+class _Topology:
+    """Where stages run, for the order moves: per stage its rank and its code offset (CHUNK·chunk),
+    per hop the static delay of its message (0 on the V's local hop)."""
+
+    def __init__(self, model: CostModel) -> None:
+        self.last = model.stages - 1
+        self.rank = [model.rank_of(s) for s in range(model.stages)]
+        self.stages = [model.rank_stages(r) for r in range(model.ranks)]
+        self.offset = [0] * model.stages
+        for own in self.stages:
+            for k, stage in enumerate(own):
+                self.offset[stage] = CHUNK * k
+        self.route_f, self.route_b = model.routes()
+
+    def stage(self, r: int, code: int) -> int:
+        return self.stages[r][code // CHUNK]
+
+    def hop_delays(self, delays: tuple[Sequence[float], Sequence[float]]) -> tuple[list[float], list[float]]:
+        """Per stage: the delay of its F's message and of its I's message under (fwd, bwd) link delays."""
+        cf, cb = delays
+        df = [0.0 if rt is None else (cb if rt[1] else cf)[rt[0]] for rt in self.route_f]
+        db = [0.0 if rt is None else (cb if rt[1] else cf)[rt[0]] for rt in self.route_b]
+        return df, db
+
+
+def _critical_blocks(codes: Sequence[Sequence[Code]], tl: Timeline, topo: _Topology) -> list[tuple[int, int, int]]:
+    """Blocks (rank, first, last position) of back-to-back ops on one critical path (job-shop
     style): only reordering inside such a block can shorten that path. An op that did not start
-    right after its stage's previous op (and its send) started when its input arrived, so the
+    right after its rank's previous op (and its send) started when its input arrived, so the
     path continues at the op that produced the input."""
     assert tl.blocked is not None
-    last = len(codes) - 1
+    last = topo.last
     index: list[dict[Code, int]] = [{op: p for p, op in enumerate(o)} for o in codes]
-    s, p = max(((s, len(o) - 1) for s, o in enumerate(codes) if o), key=lambda sp: tl.end[sp[0]][sp[1]])
+    r, p = max(((r, len(o) - 1) for r, o in enumerate(codes) if o), key=lambda rp: tl.end[rp[0]][rp[1]])
     blocks: list[tuple[int, int, int]] = []
     block_end = p
     while True:
-        t = tl.start[s][p]
-        if p > 0 and abs(tl.end[s][p - 1] + tl.blocked[s][p - 1] - t) <= _EPS * max(1.0, t):
+        t = tl.start[r][p]
+        if p > 0 and abs(tl.end[r][p - 1] + tl.blocked[r][p - 1] - t) <= _EPS * max(1.0, t):
             p -= 1
             continue
         if block_end > p:
-            blocks.append((s, p, block_end))
-        c, m = codes[s][p]
-        if t <= _EPS or c == OP_W:
+            blocks.append((r, p, block_end))
+        c, m = codes[r][p]
+        kind, s = c % CHUNK, topo.stage(r, c)
+        if t <= _EPS or kind == OP_W:
             break
-        if c == OP_F:
+        if kind == OP_F:
             if s == 0:
                 break
-            s, p = s - 1, index[s - 1][(OP_F, m)]
+            r = topo.rank[s - 1]
+            p = index[r][(OP_F + topo.offset[s - 1], m)]
         elif s < last:
-            s, p = s + 1, index[s + 1][(OP_I, m)]
+            r = topo.rank[s + 1]
+            p = index[r][(OP_I + topo.offset[s + 1], m)]
         else:
-            p = index[s][(OP_F, m)]
+            p = index[r][(OP_F + topo.offset[s], m)]
         block_end = p
     return blocks
 
@@ -354,43 +393,58 @@ def _rank(k: Knobs, ms: float) -> tuple[float, int, int, int, int]:
     return (round(ms, 6), sum(k.limit), sum(k.warmup), sum(k.policy), k.plan)
 
 
-def _neighbours(k: Knobs, caps: Sequence[int], plans: int) -> list[Knobs]:
-    """±1 moves in a fixed order: link slackness Δ_i (x_0..x_i together), one x_i, one cap,
-    policy bit flips, the planning vector."""
+def _needs(x: Sequence[int], stages: Sequence[Sequence[int]]) -> list[int]:
+    """Per rank: the warm-up it holds (Σ of its stages' x_s), the least its in-flight limit may be."""
+    return [sum(x[s] for s in own) for own in stages]
+
+
+def _neighbours(k: Knobs, obj: _Objective, plans: int) -> list[Knobs]:
+    """±1 moves in a fixed order: hop slackness Δ_s (x_0..x_s together), one x_s, one rank's cap,
+    policy bit flips, the planning vector. A rank's limit follows the warm-up it must hold."""
+    caps, topo, n = obj.caps, obj.topo, obj.model.microbatches
     x, lim, pol = list(k.warmup), list(k.limit), list(k.policy)
     S = len(x)
+    need = _needs(x, topo.stages)
     out: list[Knobs] = []
 
     def add(nx: Sequence[int], nl: Sequence[int]) -> None:
         nx_t = tuple(nx)
-        if any(not 1 <= v <= c for v, c in zip(nx_t, caps)):
+        if any(not 1 <= v <= n for v in nx_t):
             return
         if any(nx_t[i] < nx_t[i + 1] for i in range(S - 1)):
             return
-        nl_t = tuple(max(a, min(b, c)) for a, b, c in zip(nx_t, nl, caps))
+        new = _needs(nx_t, topo.stages)
+        if any(a > c for a, c in zip(new, caps)):
+            return
+        nl_t = tuple(max(a, min(b, c)) for a, b, c in zip(new, nl, caps))
         out.append(Knobs(nx_t, nl_t, k.policy, k.plan))
 
-    for i in range(S - 1):  # slackness of link i: x_0..x_i move together
+    def follow(nx: Sequence[int]) -> list[int]:  # limits moved by the change of each rank's warm-up
+        return [v + b - a for v, a, b in zip(lim, need, _needs(nx, topo.stages))]
+
+    for i in range(S - 1):  # slackness of hop i: x_0..x_i move together
         for d in (1, -1):
-            add([v + d if j <= i else v for j, v in enumerate(x)], [v + d if j <= i else v for j, v in enumerate(lim)])
+            nx = [v + d if j <= i else v for j, v in enumerate(x)]
+            add(nx, follow(nx))
     for i in range(S):
         for d in (1, -1):
             nx = x[:]
             nx[i] += d
             nl = lim[:]
-            if nl[i] == x[i]:
-                nl[i] += d
+            r = topo.rank[i]
+            if nl[r] == need[r]:
+                nl[r] += d
             add(nx, nl)
-    for i in range(S):
+    for r in range(len(lim)):
         for d in (1, -1):
             nl = lim[:]
-            nl[i] += d
-            if x[i] <= nl[i] <= caps[i]:
+            nl[r] += d
+            if need[r] <= nl[r] <= caps[r]:
                 out.append(Knobs(k.warmup, tuple(nl), k.policy, k.plan))
-    for i in range(S):
-        for bit in POLICY_BITS:
+    for r in range(len(pol)):
+        for bit in obj.bits:
             np_ = pol[:]
-            np_[i] ^= bit
+            np_[r] ^= bit
             out.append(Knobs(k.warmup, k.limit, tuple(np_), k.plan))
     for d in (1, -1):
         if 0 <= k.plan + d < plans:
@@ -398,10 +452,10 @@ def _neighbours(k: Knobs, caps: Sequence[int], plans: int) -> list[Knobs]:
     return out
 
 
-def _kick(k: Knobs, caps: Sequence[int], plans: int, rng: random.Random) -> Knobs:
+def _kick(k: Knobs, obj: _Objective, plans: int, rng: random.Random) -> Knobs:
     """A random jump from ``k``: a few random neighbour moves (for restarts once seeds run out)."""
     for _ in range(2 + rng.randrange(3)):
-        nbs = _neighbours(k, caps, plans)
+        nbs = _neighbours(k, obj, plans)
         if not nbs:
             break
         k = nbs[rng.randrange(len(nbs))]
@@ -429,7 +483,7 @@ def _knob_worker(state: _State, fresh: Sequence[Knobs], seeded: Sequence[Knobs])
         if queue:
             cur = queue.pop(0)
         elif best_local is not None and idle < _IDLE_KICKS:
-            cur = _kick(best_local[1], obj.caps, plans, rng)
+            cur = _kick(best_local[1], obj, plans, rng)
             if cur in state.memo:
                 idle += 1
                 continue
@@ -442,7 +496,7 @@ def _knob_worker(state: _State, fresh: Sequence[Knobs], seeded: Sequence[Knobs])
         improved = True
         while improved:
             improved = False
-            for nb in _neighbours(cur, obj.caps, plans):
+            for nb in _neighbours(cur, obj, plans):
                 if nb in state.memo:
                     continue
                 r = _rank(nb, state.eval_knobs(nb, "knobs"))
@@ -482,8 +536,13 @@ def _perturb(cur: list[list[Code]], caps: Sequence[int], rng: random.Random, swa
 
 
 def _durations_of(model: CostModel, codes: Sequence[Sequence[Code]]) -> list[list[float]]:
-    table = [(model.fwd[s], model.bwd[s], model.wgt[s], model.bwd[s] + model.wgt[s]) for s in range(model.stages)]
-    return [[table[s][c] for c, _ in order] for s, order in enumerate(codes)]
+    out = []
+    for r, order in enumerate(codes):
+        table: list[float] = []
+        for q in model.rank_stages(r):
+            table += [model.fwd[q], model.bwd[q], model.wgt[q], model.bwd[q] + model.wgt[q]]
+        out.append([table[c] for c, _ in order])
+    return out
 
 
 def _tails(
@@ -491,14 +550,15 @@ def _tails(
     dur: Sequence[Sequence[float]],
     delays: tuple[Sequence[float], Sequence[float]],
     microbatches: int,
+    topo: _Topology,
 ) -> tuple[list[list[float]], list[list[float]]]:
     """Per op: q = the longest path from its start to the end of the schedule (its duration
     included), and qj = the part of it through its message successor (delay + successor's q; 0
     for W and at the ends of the pipeline). Static non-blocking delays. The mirror image of
-    :func:`simulate.time_codes`: each stage's order is walked backwards, waiting where a message
+    :func:`simulate.time_codes`: each rank's order is walked backwards, waiting where a message
     successor's q is not known yet."""
-    cf, cb = delays
-    S = len(codes)
+    df, db = topo.hop_delays(delays)
+    S = len(topo.rank)
     last = S - 1
     q = [[0.0] * len(o) for o in codes]
     qj = [[0.0] * len(o) for o in codes]
@@ -507,53 +567,56 @@ def _tails(
     wait_f = [-1] * S
     wait_i = [-1] * S
     pos = [len(o) - 1 for o in codes]
-    stack = list(range(S))
+    stack = list(range(len(codes)))
     while stack:
-        s = stack.pop()
-        order, d, qs, qjs = codes[s], dur[s], q[s], qj[s]
-        p = pos[s]
+        rank = stack.pop()
+        order, d, qs, qjs, own = codes[rank], dur[rank], q[rank], qj[rank], topo.stages[rank]
+        p = pos[rank]
         nxt = qs[p + 1] if p + 1 < len(order) else 0.0
         while p >= 0:
             c, m = order[p]
-            if c == OP_F:
+            kind, s = c % CHUNK, own[c // CHUNK]
+            if kind == OP_F:
                 if s < last:
                     r = q_f[s + 1][m]
                     if r < 0:
                         wait_f[s] = m
                         break
-                    j = cf[s] + r
+                    j = df[s] + r
                 else:
                     j = 0.0
-            elif c == OP_I and s > 0:
+            elif kind == OP_I and s > 0:
                 r = q_i[s - 1][m]
                 if r < 0:
                     wait_i[s] = m
                     break
-                j = cb[s - 1] + r
+                j = db[s] + r
             else:
                 j = 0.0
             nxt = d[p] + (j if j > nxt else nxt)
             qs[p] = nxt
             qjs[p] = j
-            if c == OP_F:
+            if kind == OP_F:
                 q_f[s][m] = nxt
                 if s > 0 and wait_f[s - 1] == m:
                     wait_f[s - 1] = -1
-                    stack.append(s - 1)
-            elif c == OP_I:
+                    stack.append(topo.rank[s - 1])
+            elif kind == OP_I:
                 q_i[s][m] = nxt
                 if s < last and wait_i[s + 1] == m:
                     wait_i[s + 1] = -1
-                    stack.append(s + 1)
+                    stack.append(topo.rank[s + 1])
             p -= 1
-        pos[s] = p
+        pos[rank] = p
     return q, qj
 
 
 def _insertion_ok(order: Sequence[Code], i: int, j: int, live: Sequence[int], cap: int) -> bool:
-    """Can the op at ``i`` move to ``j``: it passes no op of its own microbatch (F < I < W), and
-    the in-flight count (``live[p]`` after position p) stays within ``cap``."""
+    """Can the op at ``i`` move to ``j``: it passes no op of its own microbatch (F < I < W; in the
+    V also the rank's other stage), and the in-flight count (``live[p]`` after position p) stays
+    within ``cap``."""
     c, m = order[i]
+    c %= CHUNK
     lo, hi = (j, i - 1) if j < i else (i + 1, j)
     for k in range(lo, hi + 1):
         if order[k][1] == m:
@@ -654,15 +717,15 @@ def _tabu_worker(state: _State) -> Iterator[None]:
                 yield
                 continue
             dur = _durations_of(model, cur)
-            q, qj = _tails(cur, dur, obj.tail_delays(turn), model.microbatches)
+            q, qj = _tails(cur, dur, obj.tail_delays(turn), model.microbatches, obj.topo)
             cands = []
             lives: dict[int, list[int]] = {}
-            for s, a, b in _critical_blocks(cur, tl):
+            for s, a, b in _critical_blocks(cur, tl, obj.topo):
                 order = cur[s]
                 if s not in lives:
                     acc, row = 0, []
                     for c, _ in order:
-                        acc += 1 if c == OP_F else -1 if c == OP_I else 0
+                        acc += 1 if c % CHUNK == OP_F else -1 if c % CHUNK == OP_I else 0
                         row.append(acc)
                     lives[s] = row
                 for i, j in _block_insertions(a, b):
@@ -700,8 +763,11 @@ def _tabu_worker(state: _State) -> Iterator[None]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _normalise(vec: Sequence[int], caps: Sequence[int]) -> tuple[int, ...]:
-    """Clip x into [1, cap_i] and make it non-increasing (lower later stages, Lemma 1)."""
+def _normalise(model: CostModel, vec: Sequence[int], caps: Sequence[int]) -> tuple[int, ...]:
+    """Clip x into [1, cap_i] and make it non-increasing (lower later stages, Lemma 1); in the V,
+    fit every rank's warm-up into its cap (:func:`slackness.fit_warmup`)."""
+    if model.stages_per_rank > 1:
+        return fit_warmup(model, vec, caps)
     x = [max(1, min(int(v), c)) for v, c in zip(vec, caps)]
     for s in range(1, len(x)):
         x[s] = min(x[s], x[s - 1])
@@ -716,11 +782,11 @@ def _knob_seeds(
     model = objective.model
     S, N = model.stages, model.microbatches
     caps = objective.caps
+    v = model.stages_per_rank > 1
+    own = "pipemorph-v" if v else "pipemorph"
     must: list[tuple[str, Sequence[int], bool, int]] = []
     for plan, plan_model in enumerate(objective.plan_models):
-        must.append(
-            ("pipemorph" + ("" if plan == 0 else f"@plan{plan}"), warmup_for("pipemorph", plan_model), False, plan)
-        )
+        must.append((own + ("" if plan == 0 else f"@plan{plan}"), warmup_for(own, plan_model), False, plan))
     must.append(("greedy x=1 limit=M", [1] * S, True, 0))
     for k, vec in enumerate(extra or ()):
         if len(vec) != S:
@@ -732,33 +798,44 @@ def _knob_seeds(
             rest.append(("alg2" + ("" if plan == 0 else f"@plan{plan}"), adapted_warmup(plan_model), False, plan))
         except ValueError:
             pass
-    rest.append(("alg1", initial_warmup(S, N, list(caps)), False, 0))
-    rest.append(("zb-h1 x", [S - i for i in range(S)], False, 0))
-    rest.append(("zb-h2 x", [2 * (S - i) - 1 for i in range(S)], False, 0))
+    rest.append(("alg1", initial_warmup(S, N, list(caps), stages_per_rank=model.stages_per_rank), False, 0))
+    if v:
+        rest.append(("zb-v x", [max(1, S - 1 - i) for i in range(S)], False, 0))
+        rest.append(("dualpipe-v x", [S - i for i in range(S)], False, 0))
+    else:
+        rest.append(("zb-h1 x", [S - i for i in range(S)], False, 0))
+        rest.append(("zb-h2 x", [2 * (S - i) - 1 for i in range(S)], False, 0))
     rest.append(("x=1", [1] * S, False, 0))
     rest += [(name + " limit=M", vec, True, plan) for name, vec, full, plan in rest + must if not full]
     seen: set[Knobs] = set()
-    zero = (0,) * S
+    base = (_base_policy(model),) * model.ranks
     out: tuple[list[tuple[str, Knobs]], list[tuple[str, Knobs]]] = ([], [])
     for group, raw in zip(out, (must, rest)):
         for name, vec, full, plan in raw:
-            x = _normalise(vec, caps)
-            k = Knobs(x, caps if full else x, zero, plan)
+            x = _normalise(model, vec, caps)
+            k = Knobs(x, caps if full else tuple(_needs(x, objective.topo.stages)), base, plan)
             if k not in seen:
                 seen.add(k)
                 group.append((name, k))
     return out
 
 
+def _base_policy(model: CostModel) -> int:
+    """The policy of the builder's own plan: the paper's Alg. 3, with refill in the V (:mod:`baselines`)."""
+    return 0 if model.stages_per_rank == 1 else REFILL
+
+
 def _baseline_seeds(objective: _Objective) -> list[tuple[str, list[list[Code]]]]:
     """The baseline builders' plans (under the planning delays) whose warm-up fits the budget."""
     out = []
-    for name in ("1f1b", "zb-h1", "zb-h2", "gpipe"):
+    model = objective.plan_models[0]
+    names = ("1f1b", "zb-h1", "zb-h2", "gpipe") if model.stages_per_rank == 1 else ("zb-v", "dualpipe-v")
+    for name in names:
         try:
-            plan = build_plain(name, objective.plan_models[0])
+            plan = build_plain(name, model)
         except ValueError:  # the warm-up needs more than the memory budget
             continue
-        out.append((name, to_codes(split_fused(plan.orders))))
+        out.append((name, to_codes(split_fused(plan.orders), model)))
     return out
 
 
@@ -799,7 +876,7 @@ def search_detailed(
     extra: list[tuple[str, list[list[Code]]]] = []
     for name, orders in extra_orders or ():
         validate_orders(model, orders)
-        extra.append((name, to_codes(orders)))
+        extra.append((name, to_codes(orders, model)))
     for name, codes in _baseline_seeds(objective) + extra:
         score = objective.orders(codes)
         seed_scores[name] = score[0]
@@ -810,7 +887,8 @@ def search_detailed(
     # The knob worker starts with the other seeds, then the uniform policies on all of them.
     base = [k for _, k in must] + [k for _, k in rest]
     fresh = [k for _, k in rest]
-    fresh += [Knobs(k.warmup, k.limit, (pol,) * model.stages, k.plan) for pol in _UNIFORM_POLICIES[1:] for k in base]
+    uniform = _UNIFORM_POLICIES if model.stages_per_rank == 1 else _V_UNIFORM_POLICIES
+    fresh += [Knobs(k.warmup, k.limit, (pol,) * model.ranks, k.plan) for pol in uniform[1:] for k in base]
     workers = [_knob_worker(state, fresh, [k for _, k in must]), _tabu_worker(state)]
     used = 0
     capped = False
@@ -831,10 +909,11 @@ def search_detailed(
         turn += 1
 
     assert state.best_codes is not None
-    orders = from_codes(state.best_codes)
+    orders = from_codes(state.best_codes, model)
     validate_orders(model, orders)
     plan_model = model if scenarios is None else model.with_delays(vectors[0])
-    plan = Plan(schedule="pipemorph", warmup=tuple(warmup_count(o) for o in orders), orders=orders, model=plan_model)
+    name = "pipemorph" if model.stages_per_rank == 1 else "pipemorph-v"
+    plan = Plan(schedule=name, warmup=warmup_counts(model, orders), orders=orders, model=plan_model)
     return SearchResult(plan, state.best[0], state.best_knobs, seed_scores, used, capped, state.best_by)
 
 

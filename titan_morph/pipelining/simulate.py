@@ -114,9 +114,10 @@ class SimResult:
                 f"  link {link} ({direction}, {link}<->{link + 1}): {len(waits)} waits, {sum(waits):.1f} ms"
                 f" (max {max(waits):.1f} ms)"
             )
+        word = "stage" if self.model.stages_per_rank == 1 else "rank"
         for s, ms in enumerate(self.blocked_ms):
             if ms > 0:
-                lines.append(f"  stage {s}: blocked {ms:.1f} ms in sends (head-of-line blocking)")
+                lines.append(f"  {word} {s}: blocked {ms:.1f} ms in sends (head-of-line blocking)")
         lines.append("  path (end first): " + " <- ".join(f"{st.op}@{st.stage}" for st in path[:16]))
         if len(path) > 16:
             lines[-1] += " <- ..."
@@ -129,34 +130,42 @@ def _check_orders(model: CostModel, orders: Sequence[Sequence[Op]]) -> tuple[Ord
     return orders_t
 
 
-def _deadlock(orders: Sequence[Sequence[Op]], pos: Sequence[int]) -> DeadlockError:
-    """Build the error naming, per stuck stage, the op it waits at and whom it waits for."""
-    s_count = len(orders)
-    stuck = {s: orders[s][pos[s]] for s in range(s_count) if pos[s] < len(orders[s])}
+def _deadlock(model: CostModel, orders: Sequence[Sequence[Op]], pos: Sequence[int]) -> DeadlockError:
+    """Build the error naming, per stuck rank, the op it waits at and whom it waits for."""
+    last = model.stages - 1
+    word = "stage" if model.stages_per_rank == 1 else "rank"
+    stuck = {r: orders[r][pos[r]] for r in range(len(orders)) if pos[r] < len(orders[r])}
+    backward = {  # (stage, mb) -> the kind its backward runs as (B or I)
+        (op.stage if op.stage is not None else r, op.mb): op.kind
+        for r, order in enumerate(orders)
+        for op in order
+        if op.kind in ("I", "B")
+    }
 
-    def needs(s: int, op: Op) -> tuple[int, str] | None:
+    def needs(r: int, op: Op) -> tuple[int, str] | None:
+        s = op.stage if op.stage is not None else r
+        prefix = "" if op.stage is None else "{}"
         if op.kind == "F" and s > 0:
-            return s - 1, f"F{op.mb}"
-        if op.kind in ("I", "B") and s < s_count - 1:
-            kinds = {o.kind for o in orders[s + 1]}
-            return s + 1, f"{'B' if 'B' in kinds else 'I'}{op.mb}"
+            return model.rank_of(s - 1), prefix.format(s - 1) + f"F{op.mb}"
+        if op.kind in ("I", "B") and s < last:
+            return model.rank_of(s + 1), prefix.format(s + 1) + f"{backward.get((s + 1, op.mb), 'I')}{op.mb}"
         return None
 
     parts = []
-    for s, op in stuck.items():
-        need = needs(s, op)
+    for r, op in stuck.items():
+        need = needs(r, op)
         if need is None:
-            parts.append(f"stage {s} is stuck at {op} (position {pos[s] + 1} of {len(orders[s])})")
+            parts.append(f"{word} {r} is stuck at {op} (position {pos[r] + 1} of {len(orders[r])})")
             continue
         src, what = need
         if src in stuck:
             blocker = stuck[src]
             bneed = needs(src, blocker)
-            tail = f", waiting for {bneed[1]} from stage {bneed[0]}" if bneed else ""
+            tail = f", waiting for {bneed[1]} from {word} {bneed[0]}" if bneed else ""
             status = f"which is stuck behind {blocker} (position {pos[src] + 1} of {len(orders[src])}{tail})"
         else:
             status = f"whose order never produces {what}"
-        parts.append(f"stage {s} waits for {op} (needs {what} from stage {src}, {status})")
+        parts.append(f"{word} {r} waits for {op} (needs {what} from {word} {src}, {status})")
     return DeadlockError("pipeline orders deadlock: " + "; ".join(parts), stuck)
 
 
@@ -166,30 +175,43 @@ def _deadlock(orders: Sequence[Sequence[Op]], pos: Sequence[int]) -> DeadlockErr
 # ---------------------------------------------------------------------------------------------
 
 OP_F, OP_I, OP_W, OP_B = 0, 1, 2, 3
-"""Op codes of :func:`time_codes` (``OP_B`` = fused I + W)."""
+"""Op kinds of :func:`time_codes` (``OP_B`` = fused I + W)."""
 CODES = {"F": OP_F, "I": OP_I, "W": OP_W, "B": OP_B}
 KIND_OF = ("F", "I", "W", "B")
+CHUNK = 4
+"""A code is ``kind + CHUNK * chunk``: chunk k is the rank's k-th stage (:meth:`CostModel.rank_stages`)."""
 Code = tuple[int, int]
-"""One op as ``(code, microbatch)``: the compact form the search manipulates."""
+"""One op as ``(code, microbatch)``: the compact form the search manipulates. With one stage per
+rank the code is the kind (0..3); in the V, chunk 1 (the rank's stage on the way back) adds 4."""
 
 
-def to_codes(orders: Sequence[Sequence[Op]]) -> list[list[Code]]:
-    """Orders of :class:`Op` as lists of ``(code, microbatch)``."""
+def to_codes(orders: Sequence[Sequence[Op]], model: CostModel | None = None) -> list[list[Code]]:
+    """Per-rank orders of :class:`Op` as lists of ``(code, microbatch)`` (``model`` places the
+    stages of ops that name one; None: one stage per rank)."""
     codes = CODES
-    return [[(codes[op.kind], op.mb) for op in order] for order in orders]
+    if model is None or model.stages_per_rank == 1:
+        return [[(codes[op.kind], op.mb) for op in order] for order in orders]
+    ranks = model.ranks
+    return [[(codes[op.kind] + CHUNK * (op.stage // ranks), op.mb) for op in order] for order in orders]  # type: ignore[operator]
 
 
-def from_codes(codes: Sequence[Sequence[Code]]) -> tuple[Order, ...]:
+def from_codes(codes: Sequence[Sequence[Code]], model: CostModel | None = None) -> tuple[Order, ...]:
     """Inverse of :func:`to_codes`."""
     kinds = KIND_OF
-    return tuple(tuple(Op(kinds[c], m) for c, m in order) for order in codes)
+    if model is None or model.stages_per_rank == 1:
+        return tuple(tuple(Op(kinds[c], m) for c, m in order) for order in codes)
+    out = []
+    for r, order in enumerate(codes):
+        own = model.rank_stages(r)
+        out.append(tuple(Op(kinds[c % CHUNK], m, own[c // CHUNK]) for c, m in order))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
 class Timeline:
-    """Raw result of :func:`time_codes`, indexed ``[stage][position in the order]`` (ms, local time).
+    """Raw result of :func:`time_codes`, indexed ``[rank][position in the order]`` (ms, local time).
 
-    ``makespan`` is ``inf`` and ``stuck`` lists each stage's next position when the orders deadlock.
+    ``makespan`` is ``inf`` and ``stuck`` lists each rank's next position when the orders deadlock.
     ``ready`` (when the op's inputs were there) and ``blocked`` (send blocking after the op) are
     filled only with ``detail=True``.
     """
@@ -231,112 +253,136 @@ def time_codes(
     took: Sequence[Sequence[float]] | None = None,
     detail: bool = False,
 ) -> Timeline:
-    """Run fixed per-stage orders as early as possible: each op starts when its stage is free and
+    """Run fixed per-rank orders as early as possible: each op starts when its rank is free and
     its input is there (module docstring). The ONE timing routine of the planner.
 
     ``codes`` are trusted (each op once, F before I before W per stage: :func:`simulate` checks).
     Delays: ``delays = (fwd, bwd)`` static per-link values (fastest), else ``links`` (default
     ``StaticDelays(model.delays)``) looked up at ``t0 + t`` and ``step``. Static finite delays
     without ``depth`` take an arithmetic branch (delivery = end + c); anything else sends through
-    one :class:`links.LinkQueue` per (link, direction). ``took[s][p]`` overrides the duration of
-    the op at position p of stage s. Deadlocks give ``makespan = inf`` and ``stuck``.
+    one :class:`links.LinkQueue` per (link, direction), shared by every hop that crosses the link
+    in that direction (per-link FIFO; the V's local hop takes no link). ``took[r][p]`` overrides
+    the duration of the op at position p of rank r. Deadlocks give ``makespan = inf`` and ``stuck``.
     """
-    s_count, n = model.stages, model.microbatches
+    s_count, n, r_count = model.stages, model.microbatches, model.ranks
     last = s_count - 1
     if delays is None:
         delays = _static_delays(model, links, depth)
-    qf: list[LinkQueue] | None = None
-    qb: list[LinkQueue] | None = None
+    route_f, route_b = model.routes()
+    qf: list[LinkQueue | None] | None = None
+    qb: list[LinkQueue | None] | None = None
+    df: list[float] = []
+    db: list[float] = []
     if delays is None:
         link_model = links if links is not None else StaticDelays(model.delays)
-        if link_model.num_links != last:
-            raise ValueError(f"links model has {link_model.num_links} links, the cost model {last}")
-        qf = [LinkQueue(link_model, link, "fwd", depth) for link in range(last)]
-        qb = [LinkQueue(link_model, link, "bwd", depth) for link in range(last)]
-        cf: Sequence[float] = ()
-        cb: Sequence[float] = ()
+        if link_model.num_links != model.num_links:
+            raise ValueError(f"links model has {link_model.num_links} links, the cost model {model.num_links}")
+        queues = [
+            (LinkQueue(link_model, link, "fwd", depth), LinkQueue(link_model, link, "bwd", depth))
+            for link in range(model.num_links)
+        ]
+        qf = [None if rt is None else queues[rt[0]][rt[1]] for rt in route_f]
+        qb = [None if rt is None else queues[rt[0]][rt[1]] for rt in route_b]
     else:
         cf, cb = delays
-    durs = [(model.fwd[s], model.bwd[s], model.wgt[s], model.bwd[s] + model.wgt[s]) for s in range(s_count)]
-    arr_f = [[-1.0] * n for _ in range(s_count)]  # delivery of F's input per microbatch
-    arr_b = [[-1.0] * n for _ in range(s_count)]  # delivery of I/B's gradient per microbatch
+        df = [0.0 if rt is None else (cb if rt[1] else cf)[rt[0]] for rt in route_f]
+        db = [0.0 if rt is None else (cb if rt[1] else cf)[rt[0]] for rt in route_b]
+    rank_of = [model.rank_of(s) for s in range(s_count)]
+    stages_of = [model.rank_stages(r) for r in range(r_count)]
+    durs = []  # per rank, per code (kind + CHUNK * chunk)
+    for r in range(r_count):
+        row: list[float] = []
+        for s in stages_of[r]:
+            row += [model.fwd[s], model.bwd[s], model.wgt[s], model.bwd[s] + model.wgt[s]]
+        durs.append(row)
+    arr_f = [[-1.0] * n for _ in range(s_count)]  # delivery of F's input per stage and microbatch
+    arr_b = [[-1.0] * n for _ in range(s_count)]  # delivery of I/B's gradient per stage and microbatch
     arr_f[0] = [0.0] * n
-    arr_b[last] = [0.0] * n  # the last stage's I/B needs only its own F, earlier in its order
+    arr_b[last] = [0.0] * n  # the last stage's I/B needs only its own F, earlier in its rank's order
     starts = [[0.0] * len(o) for o in codes]
     ends = [[0.0] * len(o) for o in codes]
     ready_at = [[0.0] * len(o) for o in codes] if detail else None
     blocked_at = [[0.0] * len(o) for o in codes] if detail else None
     own_f = [[0.0] * n for _ in range(s_count)] if detail else None
     own_i = [[0.0] * n for _ in range(s_count)] if detail else None
-    pos = [0] * s_count
-    free = [0.0] * s_count
-    wait_f = [-1] * s_count
+    pos = [0] * r_count
+    free = [0.0] * r_count
+    wait_f = [-1] * s_count  # the microbatch whose F input stage s's rank waits for
     wait_b = [-1] * s_count
-    stack = list(range(last, -1, -1))
+    stack = list(range(r_count - 1, -1, -1))
     while stack:
-        s = stack.pop()
-        order = codes[s]
-        p = pos[s]
-        t = free[s]
-        st, en, dur = starts[s], ends[s], durs[s]
-        tk = took[s] if took is not None else None
-        af, ab = arr_f[s], arr_b[s]
+        r = stack.pop()
+        order = codes[r]
+        p = pos[r]
+        t = free[r]
+        st, en, dur, mine = starts[r], ends[r], durs[r], stages_of[r]
+        tk = took[r] if took is not None else None
         size = len(order)
         while p < size:
             c, m = order[p]
-            if c == 0:
-                r = af[m]
-                if r < 0:
+            k = c & 3
+            s = mine[c >> 2]
+            if k == 0:
+                ready = arr_f[s][m]
+                if ready < 0:
                     wait_f[s] = m
                     break
-            elif c == 2:
-                r = t
+            elif k == 2:
+                ready = t
             else:
-                r = ab[m]
-                if r < 0:
+                ready = arr_b[s][m]
+                if ready < 0:
                     wait_b[s] = m
                     break
-            if r > t:
-                t = r
+            if ready > t:
+                t = ready
             st[p] = t
             t += dur[c] if tk is None else tk[p]
             en[p] = t
             after = t
-            if c == 0:
+            if k == 0:
                 if s < last:
                     if qf is None:
-                        arr_f[s + 1][m] = t + cf[s]
+                        arr_f[s + 1][m] = t + df[s]
                     else:
-                        sent = qf[s].send(t0 + t, step)
-                        arr_f[s + 1][m] = sent.delivered - t0
-                        after = sent.accepted - t0
+                        q = qf[s]
+                        if q is None:
+                            arr_f[s + 1][m] = t
+                        else:
+                            sent = q.send(t0 + t, step)
+                            arr_f[s + 1][m] = sent.delivered - t0
+                            after = sent.accepted - t0
                     if wait_f[s + 1] == m:
                         wait_f[s + 1] = -1
-                        stack.append(s + 1)
-            elif c != 2 and s > 0:
+                        stack.append(rank_of[s + 1])
+            elif k != 2 and s > 0:
                 if qb is None:
-                    arr_b[s - 1][m] = t + cb[s - 1]
+                    arr_b[s - 1][m] = t + db[s]
                 else:
-                    sent = qb[s - 1].send(t0 + t, step)
-                    arr_b[s - 1][m] = sent.delivered - t0
-                    after = sent.accepted - t0
+                    q = qb[s]
+                    if q is None:
+                        arr_b[s - 1][m] = t
+                    else:
+                        sent = q.send(t0 + t, step)
+                        arr_b[s - 1][m] = sent.delivered - t0
+                        after = sent.accepted - t0
                 if wait_b[s - 1] == m:
                     wait_b[s - 1] = -1
-                    stack.append(s - 1)
+                    stack.append(rank_of[s - 1])
             if detail:
-                if c == 0:
+                if k == 0:
                     own_f[s][m] = t  # type: ignore[index]
-                elif c == 1:
+                elif k == 1:
                     own_i[s][m] = t  # type: ignore[index]
-                ready_at[s][p] = (  # type: ignore[index]
-                    own_i[s][m] if c == 2 else own_f[s][m] if c != 0 and s == last else r  # type: ignore[index]
+                ready_at[r][p] = (  # type: ignore[index]
+                    own_i[s][m] if k == 2 else own_f[s][m] if k != 0 and s == last else ready  # type: ignore[index]
                 )
-                blocked_at[s][p] = after - t  # type: ignore[index]
+                blocked_at[r][p] = after - t  # type: ignore[index]
             t = after
             p += 1
-        pos[s] = p
-        free[s] = t
-    if any(pos[s] < len(codes[s]) for s in range(s_count)):
+        pos[r] = p
+        free[r] = t
+    if any(pos[r] < len(codes[r]) for r in range(r_count)):
         return Timeline(math.inf, starts, ends, ready_at, blocked_at, tuple(pos))
     span = max((e[-1] for e in ends if e), default=0.0)
     return Timeline(span, starts, ends, ready_at, blocked_at)
@@ -368,12 +414,12 @@ def _timeline(
     links: LinkModel | None = options.get("links")
     durations: Callable[[int, Op], float] | None = options.get("durations")
     orders_t = _check_orders(model, orders)
-    if links is not None and links.num_links != model.stages - 1:
-        raise ValueError(f"links model has {links.num_links} links, the cost model {model.stages - 1}")
+    if links is not None and links.num_links != model.num_links:
+        raise ValueError(f"links model has {links.num_links} links, the cost model {model.num_links}")
     took = _durations(model, orders_t, durations) if durations is not None else None
     tl = time_codes(
         model,
-        to_codes(orders_t),
+        to_codes(orders_t, model),
         links=links,
         depth=options.get("depth"),
         step=options.get("step", 0),
@@ -382,7 +428,7 @@ def _timeline(
         detail=detail,
     )
     if tl.stuck is not None:
-        raise _deadlock(orders_t, tl.stuck)
+        raise _deadlock(model, orders_t, tl.stuck)
     return orders_t, tl
 
 
@@ -399,14 +445,13 @@ def simulate(
     """Execute fixed ``orders`` under ``links`` (default ``StaticDelays(model.delays)``).
 
     ``depth``: None = non-blocking transport; d >= 1 = blocking FIFO with d messages in flight per
-    (link, direction). Delays are looked up at ``t0 + t`` and ``step``. ``durations(stage, op)``
-    overrides the model's compute times (e.g. measured ones). Timing by :func:`time_codes`; this
-    adds per-op records, bubble rates and the critical path.
+    (link, direction). Delays are looked up at ``t0 + t`` and ``step``. ``durations(rank, op)``
+    overrides the model's compute times (e.g. measured ones; in the V the op names its stage).
+    Timing by :func:`time_codes`; this adds per-op records, bubble rates and the critical path.
+    Records are per rank: ``OpTiming.stage`` is the rank (= the stage with one stage per rank).
     """
     options = {"links": links, "depth": depth, "step": step, "t0": t0, "durations": durations}
     orders_t, tl = _timeline(model, orders, options, detail=True)
-    s_count = model.stages
-    last = s_count - 1
     assert tl.ready is not None and tl.blocked is not None
     timings = tuple(
         tuple(
@@ -425,24 +470,30 @@ def simulate(
         makespan=span,
         bubble_rate=bubble,
         blocked_ms=tuple(sum(row) for row in tl.blocked),
-        critical_path=_critical_path(orders_t, timings, last),
+        critical_path=_critical_path(model, orders_t, timings),
     )
 
 
 def _critical_path(
-    orders: tuple[Order, ...], timings: tuple[tuple[OpTiming, ...], ...], last: int
+    model: CostModel, orders: tuple[Order, ...], timings: tuple[tuple[OpTiming, ...], ...]
 ) -> tuple[CriticalStep, ...]:
-    """From the op that ends last, follow the constraint that set each start (stage, link, block)."""
+    """From the op that ends last, follow the constraint that set each start (rank, link, block)."""
     if not any(timings):
         return ()
+    last = model.stages - 1
     index = [{op: p for p, op in enumerate(order)} for order in orders]
 
-    def producer(s: int, op: Op) -> tuple[int, int] | None:
+    def producer(r: int, op: Op) -> tuple[int, int] | None:
+        s = op.stage if op.stage is not None else r
+        named = op.stage is not None
         if op.kind == "F" and s > 0:
-            return s - 1, index[s - 1][op]
+            src = model.rank_of(s - 1)
+            return src, index[src][Op("F", op.mb, s - 1 if named else None)]
         if op.kind in ("I", "B") and s < last:
-            up = index[s + 1]
-            return s + 1, up[op] if op in up else up[Op("B" if op.kind == "I" else "I", op.mb)]
+            src = model.rank_of(s + 1)
+            up, stage = index[src], s + 1 if named else None
+            got = up.get(Op("I", op.mb, stage))
+            return src, got if got is not None else up[Op("B", op.mb, stage)]
         return None
 
     path: list[CriticalStep] = []

@@ -41,8 +41,9 @@ def plan_number(plan_id: str) -> int:
 
 
 def step_profile(record: StepRecord, stage: int, epoch: float) -> StepProfile:
-    """This stage's row of the exchange: ``record`` with every time on the common clock (ms since
-    ``epoch``). Refused or failed messages are left out (no delivery to time)."""
+    """This rank's row of the exchange (``stage``: its index in the pipeline group): ``record`` with
+    every time on the common clock (ms since ``epoch``), and its per-stage compute when it runs
+    several stages. Refused or failed messages are left out (no delivery to time)."""
 
     def ms(value: float | None) -> float:
         return NAN if value is None else value
@@ -59,6 +60,7 @@ def step_profile(record: StepRecord, stage: int, epoch: float) -> StepProfile:
         send_late_ms=sum(record.send_late_ms),
         sends=len(record.send_late_ms),
         failovers=record.failovers,
+        stage_compute={s: dict(kinds) for s, kinds in record.stage_compute.items()},
     )
     for msg in record.messages:
         if msg.status in ("down", "error"):
@@ -75,17 +77,19 @@ def step_profile(record: StepRecord, stage: int, epoch: float) -> StepProfile:
 
 
 class StepExchange:
-    """All-gathers one :class:`StepProfile` row per stage of ``group`` (on a CPU group)."""
+    """All-gathers one :class:`StepProfile` row per rank of ``group`` (on a CPU group); each rank
+    runs ``stages_per_rank`` stages."""
 
-    def __init__(self, group: dist.ProcessGroup, microbatches: int) -> None:
+    def __init__(self, group: dist.ProcessGroup, microbatches: int, stages_per_rank: int = 1) -> None:
         self.group = cpu_group(group)
         self.microbatches = microbatches
-        self.width = row_width(microbatches)
+        self.stages_per_rank = stages_per_rank
+        self.width = row_width(microbatches, stages_per_rank)
         self.size = dist.get_world_size(self.group)
 
     def gather(self, prof: StepProfile) -> list[StepProfile]:
-        """Every stage's profile of this step, ordered by stage; checks that they ran one plan."""
-        mine = torch.tensor(encode(prof, self.microbatches), dtype=torch.float64)
+        """Every rank's profile of this step, ordered by rank; checks that they ran one plan."""
+        mine = torch.tensor(encode(prof, self.microbatches, self.stages_per_rank), dtype=torch.float64)
         if prof.dropped:
             logger.warning(
                 "titan_morph: stage %d step %d: %d message stamps did not fit the exchange row",
@@ -95,7 +99,7 @@ class StepExchange:
             )
         rows = [torch.empty(self.width, dtype=torch.float64) for _ in range(self.size)]
         dist.all_gather(rows, mine, group=self.group)
-        profiles = sorted((decode(r.tolist()) for r in rows), key=lambda p: p.stage)
+        profiles = sorted((decode(r.tolist(), self.stages_per_rank) for r in rows), key=lambda p: p.stage)
         plans = {p.plan for p in profiles}
         if len(plans) != 1:
             ran = ", ".join(f"stage {p.stage}: {p.plan:012x}" for p in profiles)

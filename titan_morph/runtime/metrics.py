@@ -69,8 +69,9 @@ def record_metrics(record: StepRecord, plan: Plan, plan_changes: int, planned_bu
     }
     if record.planned_makespan_ms is not None:
         out["morph/planned_makespan_ms"] = record.planned_makespan_ms
-    for link, delta in enumerate(plan.slackness):
-        out[f"morph/slackness/link{link}"] = float(delta)
+    model = plan.model
+    for link in range(model.num_links):  # a link's slackness: the least of the hops it carries (two in the V)
+        out[f"morph/slackness/link{link}"] = float(min(plan.slackness[hop] for hop in model.link_hops(link)))
     for link, ms in sorted(record.blocked_ms.items()):
         out[f"morph/blocked_ms/link{link}"] = ms
     return out
@@ -94,7 +95,8 @@ def message_latencies(profiles: Sequence[StepProfile]) -> dict[int, list[float]]
 
 
 def pipeline_ms(profiles: Sequence[StepProfile], num_stages: int) -> float | None:
-    """Stage 0's start to the latest end of any stage (None unless every stage reported)."""
+    """Stage 0's start to the latest end of any stage (None unless every rank reported; with one
+    profile per rank, ``num_stages`` counts ranks)."""
     if len(profiles) != num_stages or profiles[0].stage != 0:
         return None
     span = max(p.end_ms for p in profiles) - profiles[0].start_ms
@@ -105,7 +107,8 @@ def pipeline_metrics(profiles: Sequence[StepProfile], num_stages: int) -> dict[s
     """Figures over all stages of one step (the exchanged profiles, ms on the common clock).
 
     ``morph/pipeline_ms``: stage 0's start to the latest end of any stage -- what the simulator's
-    makespan measures; ``morph/bubble_rate``: 1 - busy / (S x that span); per-stage idle and send
+    makespan measures; ``morph/bubble_rate``: 1 - busy / (R x that span) over the ``num_stages``
+    profiles, one per rank (R = S with one stage per rank); per-rank (``stage{i}``) idle and send
     blocking; failovers counted on both ends of a link; message latencies (mean: latencies add up
     along the critical path, tail included) and send lateness.
     """
@@ -131,7 +134,7 @@ def pipeline_metrics(profiles: Sequence[StepProfile], num_stages: int) -> dict[s
 def predicted_ms(plan: Plan, links: LinkModel | None, depth: int | None, step: int, t0_ms: float) -> float | None:
     """The simulator's makespan of ``plan`` for TorchTitan step ``step`` starting at ``t0_ms`` on the
     common clock, under the transport's link model and queue depth (None when it cannot complete)."""
-    model = plan.model.with_delays((0.0,) * (plan.model.stages - 1))
+    model = plan.model.with_delays((0.0,) * plan.model.num_links)
     try:
         return simulate(model, plan.orders, links=links, depth=depth, step=step, t0=t0_ms).makespan
     except (LinkDownError, RuntimeError, ValueError):

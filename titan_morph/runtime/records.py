@@ -23,6 +23,8 @@ class StepRecord:
     iteration_ms: float
     planned_makespan_ms: float | None
     compute_ms: dict[str, float] = field(default_factory=dict)  # per op kind (F, I, W, B)
+    # per stage and op kind: (total ms, ops); filled when the rank runs several stages (the V)
+    stage_compute: dict[int, dict[str, tuple[float, int]]] = field(default_factory=dict)
     op_ms: list[tuple[str, int, float, float]] = field(default_factory=list)  # (kind, mb, start, end)
     start_s: float = 0.0
     blocked_ms: dict[int, float] = field(default_factory=dict)  # per link: blocked issuing sends this step
@@ -37,7 +39,7 @@ class StepRecord:
 
     @property
     def idle_ms(self) -> float:
-        """Time this stage was not computing during the step (bubbles + blocking + comm waits)."""
+        """Time this rank was not computing during the step (bubbles + blocking + comm waits)."""
         return max(0.0, self.iteration_ms - self.busy_ms)
 
     @property

@@ -1,9 +1,12 @@
 """Run titan_morph plans in torch's pipeline runtime, re-plannable between steps.
 
 ``MorphSchedule`` is a ``_PipelineScheduleRuntime`` (the ``PipelineScheduleMulti`` family) with
-one stage per rank. It takes a :class:`~titan_morph.pipelining.model.Plan` (per-rank F/I/W orders
-from the generator, Alg. 3/4), lowers it with torch's own passes (``_prepare_schedule_with_comms``),
-and routes every pipeline send/recv of a step through a transport (:mod:`titan_morph.comm`).
+one stage per rank, or two in a V (rank r runs stages r and 2R-1-r, as torch's ZB-V and DualPipeV
+place them). It takes a :class:`~titan_morph.pipelining.model.Plan` (per-rank F/I/W orders from the
+generator, Alg. 3/4), lowers it with torch's own passes (``_prepare_schedule_with_comms``, which
+also validates it and derives the stage-to-rank mapping), and routes every pipeline send/recv of a
+step through a transport (:mod:`titan_morph.comm`), which names traffic by the physical link
+between adjacent ranks: in the V both legs share those links.
 
 After every step the ranks run the one per-step exchange (:mod:`.exchange`): it checks that they
 ran the same plan, feeds the monitor (:class:`~titan_morph.monitor.adapt.Monitor`, whose decision
@@ -71,10 +74,11 @@ class _TimedSends:
 
 
 class MorphSchedule(_PipelineScheduleRuntime):
-    """Per-rank orders from ``titan_morph.pipelining`` in torch's runtime (one stage per rank).
+    """Per-rank orders from ``titan_morph.pipelining`` in torch's runtime (one or two stages per rank).
 
     Args:
-        stages: a one-element list with this rank's ``PipelineStage`` (stage index = pp rank).
+        stages: this rank's ``PipelineStage``s: one (stage index = pp rank), or the two of the V
+            (stages r and 2R-1-r on pp rank r) when the plan places two per rank.
         n_microbatches: N; must equal ``plan.model.microbatches``.
         loss_fn: as for any torch schedule.
         plan: the initial plan (same on every rank).
@@ -105,15 +109,25 @@ class MorphSchedule(_PipelineScheduleRuntime):
         device_clock: DeviceClock | None = None,
         **kwargs: Any,
     ) -> None:
-        if len(stages) != 1:
-            raise ValueError(f"MorphSchedule runs one stage per rank, got {len(stages)} stages on this rank")
-        super().__init__(stages, n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads, **kwargs)
-        if self._num_stages != self.pp_group_size:
+        per_rank = plan.model.stages_per_rank
+        if len(stages) != per_rank:
             raise ValueError(
-                f"MorphSchedule needs as many stages as pipeline ranks, got {self._num_stages} stages"
+                f"MorphSchedule: the plan places {per_rank} stage(s) per rank, got {len(stages)} stages on this rank"
+            )
+        super().__init__(stages, n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads, **kwargs)
+        if self._num_stages != self.pp_group_size * per_rank:
+            raise ValueError(
+                f"MorphSchedule needs {per_rank} stage(s) per pipeline rank, got {self._num_stages} stages"
                 f" on {self.pp_group_size} ranks"
             )
         stage = stages[0]
+        mine = sorted(st.stage_index for st in stages)
+        if mine != sorted(plan.model.rank_stages(stage.group_rank)):
+            raise ValueError(
+                f"MorphSchedule: pp rank {stage.group_rank} holds stages {mine}, but the plan places"
+                f" {list(plan.model.rank_stages(stage.group_rank))} there"
+                + (" (the V: stages r and 2R-1-r on rank r)" if per_rank > 1 else "")
+            )
         group = stage.group if stage.group is not None else dist.group.WORLD
         distributed = dist.is_initialized() and self.pp_group_size > 1
         if transport is None:
@@ -136,11 +150,12 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self._current: StepRecord | None = None
         self._blocked_seen: dict[int, float] = {}
         self._produced_at: float | None = None
-        self._stage_index = stage.stage_index
-        self._is_last = stage.stage_index == stage.num_stages - 1
-        self._exchange = StepExchange(group, n_microbatches) if distributed else None
+        self._stage_index = stage.group_rank  # this rank's row in the exchange
+        self._is_last = any(st.is_last for st in stages)  # in the V the last stage runs on rank 0
+        self._exchange = StepExchange(group, n_microbatches, per_rank) if distributed else None
         self._timeline = TimelineRenderer()
-        self._instrument(stage)
+        for st in stages:
+            self._instrument(st, per_stage=per_rank > 1)
         self.set_plan(plan)
 
     # ----------------------------------------------------------------- plans
@@ -152,10 +167,14 @@ class MorphSchedule(_PipelineScheduleRuntime):
         exchange still checks which plan every stage ran.
         """
         model = plan.model
-        if model.stages != self._num_stages or model.microbatches != self._n_microbatches:
+        if (
+            model.stages != self._num_stages
+            or model.microbatches != self._n_microbatches
+            or model.ranks != self.pp_group_size
+        ):
             raise ValueError(
-                f"plan is for S={model.stages}, N={model.microbatches}; this schedule runs"
-                f" S={self._num_stages}, N={self._n_microbatches}"
+                f"plan is for S={model.stages} stages on {model.ranks} ranks, N={model.microbatches}; this"
+                f" schedule runs S={self._num_stages} on {self.pp_group_size} ranks, N={self._n_microbatches}"
             )
         validate_orders(model, plan.orders)
         if check and self._exchange is not None:
@@ -172,7 +191,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
 
     @property
     def is_last_stage(self) -> bool:
-        """Whether this rank runs the last stage (the one TorchTitan logs the loss from)."""
+        """Whether this rank runs the last stage (the one TorchTitan logs the loss from; rank 0 in the V)."""
         return self._is_last
 
     # ------------------------------------------------------------- figures
@@ -182,7 +201,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
             return {}
         rec = self.records[-1]
         out = record_metrics(rec, self.plan, self.plan_changes, self.planned_bubble_rate)
-        out.update(pipeline_metrics(self.profiles, self._num_stages))
+        out.update(pipeline_metrics(self.profiles, self.pp_group_size))
         out["morph/monitor_ms"] = self.monitor_ms
         if self.monitor is not None:
             out.update(self.monitor.metrics(self.transport.delegated()))
@@ -210,8 +229,9 @@ class MorphSchedule(_PipelineScheduleRuntime):
         return {} if img is None else {"morph/plan_timeline": img}
 
     # --------------------------------------------------------------- timing
-    def _instrument(self, stage: Any) -> None:
-        """Wrap this rank's stage compute calls with a monotonic clock (per-op records)."""
+    def _instrument(self, stage: Any, *, per_stage: bool = False) -> None:
+        """Wrap one of this rank's stages' compute calls with a monotonic clock (per-op records;
+        ``per_stage``: also per stage, for a rank that runs several)."""
         clock = self.device_clock
 
         def wrap(name: str, kind: str) -> None:
@@ -229,8 +249,13 @@ class MorphSchedule(_PipelineScheduleRuntime):
                     op_kind = "I"
                 if clock is not None:  # the op's device time, what a CUDA event pair would measure
                     start, end = clock.last_begin, clock.device_end
-                rec.compute_ms[op_kind] = rec.compute_ms.get(op_kind, 0.0) + (end - start) * 1e3
+                took = (end - start) * 1e3
+                rec.compute_ms[op_kind] = rec.compute_ms.get(op_kind, 0.0) + took
                 rec.op_ms.append((op_kind, mb_index, start, end))
+                if per_stage:
+                    kinds = rec.stage_compute.setdefault(stage.stage_index, {})
+                    total, count = kinds.get(op_kind, (0.0, 0))
+                    kinds[op_kind] = (total + took, count + 1)
                 self._produced_at = end
                 return out
 
@@ -286,7 +311,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self.history.append(
             StepPoint(
                 record.step + 1,
-                pipeline_ms(self.profiles, self._num_stages),
+                pipeline_ms(self.profiles, self.pp_group_size),
                 slow,
                 tuple(sorted(self.transport.delegated())),
                 record.plan_id,

@@ -5,7 +5,8 @@ the monitor's view of the links). At the end of training the last stage logs a f
 median pipeline time before, during (and during once the adapted plan runs) and after the
 straggler, with, from the simulator, the time
 ZB-H2's fixed orders take under the same link delays on the blocking default transport -- the
-baseline PipeMorph's adaptation is measured against (paper §7.2).
+baseline PipeMorph's adaptation is measured against (paper §7.2). With two stages per rank (the V)
+the baseline is ZB-V (torch's ``ScheduleZBVZeroBubble``), the static V schedule PipeMorph-V replaces.
 """
 
 from __future__ import annotations
@@ -53,12 +54,18 @@ def phases(points: Sequence[StepPoint], window: tuple[int, int] | None, skip: in
     }
 
 
+def baseline_name(model: CostModel) -> str:
+    """The static baseline of the summary: ZB-H2, or ZB-V with two stages per rank."""
+    return "zb-h2" if model.stages_per_rank == 1 else "zb-v"
+
+
 def zbh2_ms(model: CostModel, links: LinkModel | None, depth: int | None, steps: Sequence[int]) -> float | None:
-    """Median simulated makespan of ZB-H2's orders (planned without delays, as ZB-H2 is) under
-    ``links`` at ``steps``, with the default transport's queue ``depth`` (None when a link is down)."""
+    """Median simulated makespan of ZB-H2's orders (ZB-V's in the V; planned without delays, as
+    they are) under ``links`` at ``steps``, with the default transport's queue ``depth`` (None when
+    a link is down)."""
     if not steps:
         return None
-    plan = build("zb-h2", model.with_delays((0.0,) * (model.stages - 1)))
+    plan = build(baseline_name(model), model.with_delays((0.0,) * model.num_links))
     try:
         times = [simulate(plan.model, plan.orders, links=links, depth=depth, step=s).makespan for s in steps]
     except LinkDownError:
@@ -88,7 +95,8 @@ def summary_lines(
         median = _median(parts["before"])
         text = "n/a" if median is None else f"{median:.0f} ms"
         return [f"run summary: no straggler; median pipeline time {text} over {len(parts['before'])} steps"]
-    lines = ["run summary (median pipeline time per step; ZB-H2 from the simulator, same delays):"]
+    base = "ZB-H2" if baseline_name(model) == "zb-h2" else "ZB-V"
+    lines = [f"run summary (median pipeline time per step; {base} from the simulator, same delays):"]
     during = parts["during"]
     parts["adapted"] = [p for p in during if p.plan_id != during[0].plan_id]  # once the new plan runs
     for name in ("before", "during", "adapted", "after"):
@@ -100,7 +108,7 @@ def summary_lines(
         first, last = pts[0].step, pts[-1].step
         line = f"  {name:<7} steps {first:>3}-{last:<3}  {schedule} {mine:7.0f} ms"
         if theirs is not None and mine:
-            line += f"   ZB-H2 {theirs:7.0f} ms ({theirs / mine:.2f}x)"
+            line += f"   {base:<5} {theirs:7.0f} ms ({theirs / mine:.2f}x)"
         if name == "adapted":
             line += f"   delegated links {sorted({link for p in pts for link in p.delegated}) or 'none'}"
         lines.append(line)

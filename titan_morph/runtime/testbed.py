@@ -32,7 +32,8 @@ iterations ~5-10 % longer than predicted. On a GPU that host work overlaps the p
 The input wait is observed by timing torch's ``schedules._wait_batch_p2p`` (one process-wide
 probe, installed once). The device clock never starts an op before the previous one's device end
 or shortens an op below its real compute time; a host slower than the device still shows up.
-One stage per process (as titan_morph runs pipelines).
+A process running several stages (the V) pads all of them on one device clock: one device runs
+them all, one op at a time.
 """
 
 from __future__ import annotations
@@ -154,16 +155,21 @@ class DeviceClock:
 
 
 def pad_stage_compute(
-    stage: Any, times: StageTimes, *, hide_host_gap_ms: float = DEFAULT_HIDE_HOST_GAP_MS
+    stage: Any,
+    times: StageTimes,
+    *,
+    hide_host_gap_ms: float = DEFAULT_HIDE_HOST_GAP_MS,
+    clock: DeviceClock | None = None,
 ) -> DeviceClock:
     """Pad ``stage``'s F/I/W (and fused B) calls to ``times`` on a device clock; returns the clock.
 
     ``hide_host_gap_ms = 0`` disables hiding (every op is padded from the moment it is called).
+    ``clock``: the device clock of another stage of this rank, to share (the V); None: a new one.
     """
     if getattr(stage, "_titan_morph_padded", None) is not None:
         raise RuntimeError(f"stage {stage.stage_index} is already padded to {stage._titan_morph_padded}")
     _install_wait_probe()
-    clock = DeviceClock(hide_host_gap_ms)
+    clock = DeviceClock(hide_host_gap_ms) if clock is None else clock
     fwd, bwd, wgt = times.fwd_ms / 1e3, times.bwd_ms / 1e3, times.wgt_ms / 1e3
 
     forward = stage.forward_one_chunk
