@@ -138,6 +138,7 @@ class MessageBook:
                 f"got stage={stage} num_stages={num_stages}"
             )
         self.stage, self.num_stages, self.epoch = stage, num_stages, float(epoch)
+        self.rank = dist.get_rank()
         self.record = record
         self.step = 0
         self._group_name = self.group.group_name
@@ -145,6 +146,10 @@ class MessageBook:
         self._records: deque[MessageRecord] = deque(maxlen=max_records)
         self._send_seq: dict[tuple[int, str], int] = {}
         self._recv_seq: dict[tuple[int, str], int] = {}
+
+    def where(self) -> str:
+        """``stage S (rank R)``: how errors name this end of a link."""
+        return f"stage {self.stage} (rank {self.rank})"
 
     def now_ms(self) -> float:
         """Milliseconds since the pipeline's epoch."""
@@ -173,17 +178,33 @@ class MessageBook:
         else:
             _live.add(self)
 
+    def restart_numbering(self, link: int) -> None:
+        """Number the messages of ``link`` from 0 again (both ends, between steps: a path the link
+        comes back to after a failure, whose counts no longer match)."""
+        with self._lock:
+            for table in (self._send_seq, self._recv_seq):
+                for d in ("fwd", "bwd"):
+                    table.pop((link, d), None)
+
     def _next(self, table: dict[tuple[int, str], int], link: int, direction: str) -> int:
         seq = table.get((link, direction), 0)
         table[(link, direction)] = seq + 1
         return seq
 
-    def _new_record(self, side: str, link: int, direction: str, seq: int, ops: list[dist.P2POp]) -> MessageRecord:
+    def _new_record(
+        self, side: str, link: int, direction: str, seq: int, ops: list[dist.P2POp], *, keep: bool = True
+    ) -> MessageRecord:
+        """A record of one message; kept at once, or (``keep=False``) only once :meth:`_keep` is called
+        (a send that may still fail before it is handed over)."""
         peer = link + 1 if (side == "send") == (direction == "fwd") else link
         rec = MessageRecord(side, link, direction, seq, op_nbytes(ops), self.step, peer, self.now_ms(), path=self.path)
+        if keep:
+            self._keep(rec)
+        return rec
+
+    def _keep(self, rec: MessageRecord) -> None:
         if self.record:
             self._records.append(rec)
-        return rec
 
     def records(self) -> list[MessageRecord]:
         """Snapshot of all message records so far (copies; both sides of this rank)."""
