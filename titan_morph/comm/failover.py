@@ -51,7 +51,7 @@ import torch.distributed as dist
 
 from titan_morph.comm.delegate import DelegateError, DelegateTransport
 from titan_morph.comm.pairs import LinkFailedError, LinkGroups, PairGroup
-from titan_morph.comm.records import CommTimeoutError, MessageBook, MessageRecord
+from titan_morph.comm.records import CommTimeoutError, MessageBook, MessageRecord, close_at_exit
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 from titan_morph.comm.transport import Handle, Transport, group_by_link
 from titan_morph.pipelining.links import LinkDownError
@@ -170,6 +170,7 @@ class FailoverTransport:
     """
 
     name = "auto"
+    exit_timeout_s = 2.0  # bound of the close at interpreter exit (a prober inside a probe: PROBE_TIMEOUT_S)
 
     def __init__(
         self,
@@ -228,6 +229,7 @@ class FailoverTransport:
         if isinstance(delegate, DelegateTransport):
             delegate.add_listener(self._on_delegate_failure)
         self._watcher = self._thread(self._watch, "titan_morph-failover-watch")
+        close_at_exit(self)
 
     # -- the Transport protocol --------------------------------------------------------------
     @property
@@ -674,6 +676,7 @@ class FailoverTransport:
                 return
             self._closed = True
             self._wake.notify_all()
+        close_at_exit(self, closing=True)
         try:
             self.primary.close()
         finally:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["CommTimeoutError", "MessageBook", "MessageRecord", "op_nbytes"]
+__all__ = ["CommTimeoutError", "MessageBook", "MessageRecord", "close_at_exit", "op_nbytes"]
 
 
 class CommTimeoutError(TimeoutError):
@@ -83,7 +83,7 @@ def op_nbytes(ops: list[dist.P2POp]) -> int:
     return sum(op.tensor.numel() * op.tensor.element_size() for op in ops)
 
 
-_live: weakref.WeakSet[MessageBook] = weakref.WeakSet()
+_live: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 @atexit.register
@@ -92,9 +92,18 @@ def _close_live() -> None:
     draining: a thread caught inside a C++ call at shutdown aborts the process."""
     for t in list(_live):
         try:
-            t.close(timeout=t.exit_timeout_s, drain=False)  # type: ignore[attr-defined]
+            t.close(timeout=t.exit_timeout_s, drain=False)
         except Exception:
             pass
+
+
+def close_at_exit(transport: Any, closing: bool = False) -> None:
+    """Close ``transport`` (``close(timeout=transport.exit_timeout_s, drain=False)``) at interpreter
+    exit unless it was closed before; ``closing``: it is being closed now, stop tracking it."""
+    if closing:
+        _live.discard(transport)
+    else:
+        _live.add(transport)
 
 
 class MessageBook:
@@ -173,10 +182,7 @@ class MessageBook:
 
     def _close_at_exit(self, closing: bool = False) -> None:
         """Track this transport for the close at interpreter exit (``closing``: stop tracking)."""
-        if closing:
-            _live.discard(self)
-        else:
-            _live.add(self)
+        close_at_exit(self, closing)
 
     def restart_numbering(self, link: int) -> None:
         """Number the messages of ``link`` from 0 again (both ends, between steps: a path the link
