@@ -102,6 +102,7 @@ logger = logging.getLogger(__name__)
 STORE_PREFIX = "titan_morph/delegates"
 READ_POLL_S = 0.25  # the reader thread's select() bound when nothing is pending
 REPORT_GRACE_S = 1.0  # how long a first sign of failure waits for the root's exit status
+QUICK_CLOSE_S = 0.5  # a close without drain: how long a send delegate may wait for its END to be acknowledged
 _instances = itertools.count()
 
 Listener = Callable[[int, str, "DelegateError"], None]
@@ -789,7 +790,8 @@ class DelegateTransport(MessageBook):
         ``drain``: every send delegate first hands over its queue and the close handshake (END,
         acknowledged by the peer's receive delegate once everything before it arrived), and each
         receive delegate waits for its peer's END; ``CommTimeoutError`` if a send delegate could not
-        confirm delivery within the bound. Without ``drain`` the delegates stop at once."""
+        confirm delivery within the bound. Without ``drain`` the receive delegates stop at once and
+        the send delegates give the handshake at most ``QUICK_CLOSE_S``."""
         if self._closed:
             return
         self._closed = True
@@ -798,10 +800,12 @@ class DelegateTransport(MessageBook):
         deadline = time.monotonic() + bound
         with self._cond:
             self._closing = True
-        handshake_ms = max(1, int(bound * 1e3)) if drain else 0
+        # send delegates always hand END over (briefly without drain: the peer then sees an orderly close,
+        # not a failure); receive delegates wait for their peer's END only when draining
+        handshake_ms = max(1, int(bound * 1e3)) if drain else int(1e3 * min(bound, QUICK_CLOSE_S))
         for dg in self._roles:
             try:
-                dg.command(wire.STOP, handshake_ms)
+                dg.command(wire.STOP, handshake_ms if (drain or dg.send) else 0)
             except DelegateError:
                 pass
         proc = self.proc
