@@ -6,8 +6,8 @@ with the losses of the same job without the fault, or stops within the timeout +
 error naming the process and link) and leaves no process or shared-memory segment behind.
 
 One cell runs by default (a send delegate killed under ``delegate``: the job must stop with one
-error naming it, and leave nothing behind); the rest are ``slow``. ``benchmarks/fault_matrix.py`` runs them all and writes
-``docs/reliability.md``.
+error naming it, and leave nothing behind); the rest are ``slow``. ``benchmarks/fault_matrix.py``
+runs them all and writes ``docs/reliability.md``.
 """
 
 from __future__ import annotations
