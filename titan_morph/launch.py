@@ -525,11 +525,25 @@ def _loss_rank(job_config: Any, n: int) -> int:
     return n - 1
 
 
+def check_devices(ranks: int, cuda_devices: int) -> None:
+    """One rank per GPU: with CUDA present, ``ranks`` beyond ``cuda_devices`` is a :class:`LaunchError`
+    (NCCL refuses two ranks on one device). Without CUDA (``cuda_devices == 0``) ranks run on CPU."""
+    if cuda_devices and ranks > cuda_devices:
+        raise LaunchError(
+            f"NGPU: {ranks} ranks but this host has {cuda_devices} CUDA device(s); titan_morph runs one rank per "
+            f"GPU: set NGPU <= {cuda_devices} (and a smaller pipeline_parallel_degree), or train on CPU with "
+            'CUDA_VISIBLE_DEVICES=""'
+        )
+
+
 def run(config_file: str, overrides: list[str], *, nproc: int | None = None, log_rank: str = "") -> int:
     """``./run_train.sh``: check, then replace this process by the supervisor of torchrun (so the
     memory of the check's imports is not held during training). Returns only on a bad config."""
     job_config = check(config_file, overrides)
     n = nproc or _ranks({name: getattr(job_config.parallelism, name) for name in DEGREES})
+    import torch
+
+    check_devices(n, torch.cuda.device_count() if torch.cuda.is_available() else 0)
     shown = log_rank or str(_loss_rank(job_config, n))
     run_id = os.environ.setdefault("TITAN_MORPH_RUN_ID", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
     print(

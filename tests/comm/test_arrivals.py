@@ -43,8 +43,9 @@ def _late_consumer(rank: int, world: int, kind: str) -> dict:
         tr = EmulatedTransport(TorchTransport(), links, stage=rank, num_stages=world, depth=2, epoch=epoch)
     else:
         from titan_morph.comm.delegate import DelegateTransport
+        from titan_morph.comm.timeouts import CommTimeouts
 
-        tr = DelegateTransport(stage=rank, num_stages=world, links=links, epoch=epoch, timeout_s=30)
+        tr = DelegateTransport(stage=rank, num_stages=world, links=links, epoch=epoch, timeouts=CommTimeouts.fixed(30))
     same = True
     with tr:
         for step in range(ROUNDS):
@@ -94,12 +95,15 @@ def _failover_records(rank: int, world: int) -> dict:
     from titan_morph.comm import EmulatedTransport, TorchTransport, sync_clock
     from titan_morph.comm.delegate import DelegateTransport
     from titan_morph.comm.failover import FailoverTransport
+    from titan_morph.comm.timeouts import CommTimeouts
     from titan_morph.pipelining.links import StaticDelays
 
     links = StaticDelays((5.0,), (3.0,))
     epoch = sync_clock().epoch
     primary = EmulatedTransport(TorchTransport(), links, stage=rank, num_stages=world, depth=2, epoch=epoch)
-    delegate = DelegateTransport(stage=rank, num_stages=world, links=links, epoch=epoch, timeout_s=30)
+    delegate = DelegateTransport(
+        stage=rank, num_stages=world, links=links, epoch=epoch, timeouts=CommTimeouts.fixed(30)
+    )
     mine, theirs, peer = ("fwd", "bwd", 1) if rank == 0 else ("bwd", "fwd", 0)
     same = True
     with FailoverTransport(primary, delegate, stage=rank, num_stages=world) as tr:

@@ -66,10 +66,13 @@ def _stream(rank: int, world: int, k: int, n: int, big: bool, slots: int = 2) ->
     import torch.distributed as dist
 
     from titan_morph.comm.delegate import DelegateTransport
+    from titan_morph.comm.timeouts import CommTimeouts
 
     bad: list[str] = []
     digests: dict[str, str] = {}
-    with DelegateTransport(stage=rank, num_stages=world, delegates_per_link=k, slots=slots, timeout_s=60) as tr:
+    with DelegateTransport(
+        stage=rank, num_stages=world, delegates_per_link=k, slots=slots, timeouts=CommTimeouts.fixed(60)
+    ) as tr:
         sends, recvs = [], []
         if rank + 1 < world:
             sends.append((rank, "fwd", rank + 1))

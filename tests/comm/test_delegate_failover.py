@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from tests.launch import run_ranks
 
 STEPS = 5
@@ -60,20 +62,42 @@ def test_link_down_mid_run_fails_over_to_delegates() -> None:
         assert all(step == 3 for step, *_ in r["log"]), r["log"]
 
 
-def test_training_survives_a_link_going_down(tmp_path, no_leftovers) -> None:
-    """llama3 debug, PP=2, transport "auto": link 0 goes down (inf) from step 3 on; all 5 steps
-    complete with the losses of an undisturbed run and the log reports the failover."""
+COMMON = ("--training.steps", "5", "--training.seq_len", "32", "--metrics.log_freq", "1")
+COMMON += ("--parallelism.pipeline_parallel_schedule", "PipeMorph")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """llama3 debug, PP=2, 5 steps, nothing injected: the losses every faulted run must reproduce."""
     from tests.launch import torchrun
 
-    common = ("--training.steps", "5", "--training.seq_len", "32", "--metrics.log_freq", "1")
-    common += ("--parallelism.pipeline_parallel_schedule", "PipeMorph")
-    ref = torchrun(2, tmp_path / "ref", *common)
+    ref = torchrun(2, tmp_path_factory.mktemp("ref"), *COMMON)
     assert ref.returncode == 0, ref.tail()
-    down = ("--morph.transport", "auto", "--morph.inject.mode", "static", "--morph.inject.delays_ms", "inf")
-    run = torchrun(2, tmp_path / "down", *common, *down, "--morph.inject.start_step", "3")
+    assert sorted(ref.losses()) == [1, 2, 3, 4, 5]
+    return ref.losses()
+
+
+FAULTS = {
+    # the emulated NIC goes down (inf) from step 3 on: sends are refused at issue
+    "down": ("--morph.inject.mode", "static", "--morph.inject.delays_ms", "inf"),
+    # the link's real process group is torn down at step 3 (gloo errors on both ends)
+    "break": ("--morph.inject.mode", "break", "--morph.inject.links", "0"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_training_survives_a_link_going_down(fault, reference, tmp_path, no_leftovers) -> None:
+    """llama3 debug, PP=2, transport "auto": link 0 fails from step 3 on; all 5 steps complete with
+    the losses of an undisturbed run and the log reports the failover on both ranks."""
+    from tests.launch import torchrun
+
+    run = torchrun(
+        2, tmp_path / fault, *COMMON, "--morph.transport", "auto", *FAULTS[fault], "--morph.inject.start_step", "3"
+    )
     assert run.returncode == 0, run.tail()
-    assert run.losses() == ref.losses() and sorted(ref.losses()) == [1, 2, 3, 4, 5]
-    assert "fails over to the delegates" in run.output, run.tail()
+    assert run.losses() == reference
+    for stage in (0, 1):
+        assert f"failed on its default path at step 3 on stage {stage}" in run.output, run.tail()
     failovers = run.scalars("morph/failovers")  # TensorBoard shows it too
     assert failovers[1] == 0 and failovers[5] > 0, failovers
     no_leftovers(tmp_path)

@@ -7,7 +7,7 @@ import pytest
 
 from tests.launch import run_ranks
 
-KINDS = ("torch", "recorded", "emulated", "delegate", "failover")
+KINDS = ("torch", "recorded", "emulated", "link", "delegate", "failover", "auto")
 
 
 def _make(kind: str, rank: int, world: int, epoch: float):
@@ -15,6 +15,8 @@ def _make(kind: str, rank: int, world: int, epoch: float):
         DelegateTransport,
         EmulatedTransport,
         FailoverTransport,
+        LinkGroups,
+        LinkTransport,
         RecordedTransport,
         TorchTransport,
     )
@@ -28,8 +30,15 @@ def _make(kind: str, rank: int, world: int, epoch: float):
         return RecordedTransport(TorchTransport(epoch), **where)
     if kind == "emulated":
         return EmulatedTransport(TorchTransport(epoch), links, depth=2, **where)
+    if kind == "link":
+        return LinkTransport(LinkGroups(stage=rank, num_stages=world, namespace="conformance-link"), epoch=epoch)
     if kind == "delegate":
         return DelegateTransport(links=links, **where)
+    if kind == "auto":  # as make_transport builds it on the real network: recorded per-link groups
+        pairs = LinkGroups(stage=rank, num_stages=world, namespace="conformance-auto")
+        primary = RecordedTransport(LinkTransport(pairs, epoch=epoch), **where)
+        delegate = DelegateTransport(**where, strict=False)
+        return FailoverTransport(primary, delegate, stage=rank, num_stages=world, pairs=pairs)
     primary = EmulatedTransport(TorchTransport(epoch), links, depth=2, **where)
     return FailoverTransport(primary, DelegateTransport(links=links, **where), stage=rank, num_stages=world)
 
@@ -112,13 +121,14 @@ def test_every_transport_implements_the_protocol(results: list[dict], kind: str)
         assert r["taken_twice"] == 0 and r["snapshot"], r
         assert r["failovers"] == 0, r
         mine, theirs = ("fwd", "bwd") if rank == 0 else ("bwd", "fwd")
-        if kind == "torch":  # no records, no delegated path
+        if kind in ("torch", "link"):  # no records, no delegated path
             assert r["records"] == [] and r["recv_record"] is None, r
         else:
-            path = {"recorded": "torch", "emulated": "emulated", "delegate": "delegate", "failover": "emulated"}[kind]
+            path = {"recorded": "torch", "emulated": "emulated", "delegate": "delegate", "failover": "emulated", "auto": "torch"}
+            path = path[kind]
             assert r["records"] == [("recv", 0, theirs, 0, path), ("send", 0, mine, 0, path)], r
             assert r["recv_record"] == ("recv", 0, theirs) and r["recv_waited"], r
-        if kind in ("torch", "recorded", "emulated"):
+        if kind in ("torch", "recorded", "emulated", "link"):
             assert r["delegated"] == [] and "no delegated path" in r["switched"] and r["restored"] == [], r
         elif kind == "delegate":
             assert r["delegated"] == r["switched"] == r["restored"] == [0], r

@@ -148,6 +148,8 @@ BAD_INJECT = [
     ({"random_interval_ms": [0, 100]}, "morph.inject.random_interval_ms", "must be > 0"),
     ({"mode": "trace"}, "morph.inject.trace_file", "needs a CSV path"),
     ({"mode": "trace", "trace_file": "/nonexistent.csv"}, "morph.inject.trace_file", "not found"),
+    ({"mode": "break"}, "morph.inject.mode", "needs morph.transport = auto (got 'default')"),
+    ({"mode": "brake"}, "morph.inject.mode", "is not one of none, static, random, trace, break"),
 ]
 
 BAD_SYNTHETIC = [
@@ -192,6 +194,29 @@ def test_good_values_pass():
     validate_morph(Morph(inject=Inject(mode="random", random_mean_ms=30, random_std_ms=10, links="1")), 4)
     validate_morph(Morph(delegates_per_link=64, inject=Inject(delays_ms=12_500)), 4, delay_limit_ms=12_500)
     validate_morph(Morph(inject=Inject(mode="trace", trace_file="table3")), 4)
+    validate_morph(Morph(transport="auto", inject=Inject(mode="break", links="1", start_step=3)), 4)
+
+
+def test_break_mode_names_links_and_steps_and_models_no_delay():
+    from titan_morph.integration.config import break_window
+
+    cfg = _parse(
+        "--morph.transport",
+        "auto",
+        "--morph.inject.mode",
+        "break",
+        "--morph.inject.links",
+        "1",
+        "--morph.inject.start_step",
+        "3",
+    )
+    validate_morph(cfg.morph, cfg.parallelism.pipeline_parallel_degree)
+    assert break_window(cfg.morph.inject, 3) == (frozenset({1}), 3, 0)
+    assert link_model_from_config(cfg.morph.inject, 3) is None
+    assert break_window(Inject(mode="break", end_step=5), 3) == (frozenset({0, 1, 2}), 1, 5)
+    assert break_window(Inject(mode="static", delays_ms=[0, 0, 60]), 3) is None
+    with pytest.raises(MorphConfigError, match=r"^morph\.inject\.links: .* link ids are 0\.\.2"):
+        validate_morph(Morph(transport="auto", inject=Inject(mode="break", links="3")), 4)
 
 
 def test_unknown_keys_name_the_key_and_the_allowed_ones():

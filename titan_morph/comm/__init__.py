@@ -7,7 +7,8 @@ Modules: ``transport`` (the :class:`Transport` and :class:`Handle` protocols, to
 ``records`` (message records), ``clock`` (the pipeline's common clock), ``groups`` (CPU groups for
 small collectives), ``scope`` (swap torch's ``_batch_p2p`` for one step), ``recorded`` (torch P2P
 with records), ``emulator`` (the link emulator), ``delegate`` + ``delegate_worker`` + ``shm`` (the
-delegated data plane), ``failover`` (``auto``: default path, delegated on demand or on failure).
+delegated data plane), ``pairs`` (the default path on one process group per link, which can break
+and be re-made alone), ``failover`` (``auto``: default path, delegated on demand or on failure).
 
 Use from a pipeline schedule (one stage per pp rank)::
 
@@ -50,6 +51,9 @@ _EXPORTS = {
     "DelegateError": "delegate",
     "FailoverTransport": "failover",
     "RecordedTransport": "recorded",
+    "LinkGroups": "pairs",
+    "LinkTransport": "pairs",
+    "LinkFailedError": "pairs",
 }
 
 __all__ = sorted([*_EXPORTS, "LinkDownError"])

@@ -62,6 +62,7 @@ from collections import deque
 import torch.distributed as dist
 
 from titan_morph.comm.records import CommTimeoutError, MessageBook, MessageRecord
+from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 from titan_morph.comm.transport import DefaultPathOnly, Handle, Transport, group_by_link
 from titan_morph.pipelining.links import LinkDownError, LinkModel, LinkQueue
 
@@ -186,7 +187,8 @@ class _SendHandle:
         deadline = time.monotonic() + (self.owner.timeout_s if timeout is None else timeout)
         if not item.done.wait(max(0.0, deadline - time.monotonic())):
             raise CommTimeoutError(
-                f"send of message {rec.seq} on link {rec.link} ({rec.direction}) to stage {rec.peer_stage} was not "
+                f"{self.owner.where()}: send of message {rec.seq} on link {rec.link} ({rec.direction}) to stage "
+                f"{rec.peer_stage} was not "
                 f"released within {self.owner.timeout_s if timeout is None else timeout:.3g} s "
                 f"(planned delivery at {rec.planned:.1f} ms, now {self.owner.now_ms():.1f} ms)"
             )
@@ -238,9 +240,9 @@ class _RecvHandle:
         if not self.settled.wait(max(0.0, bound)):
             rec.status = "error"
             raise CommTimeoutError(
-                f"receive of message {rec.seq} on link {rec.link} ({rec.direction}) from stage {rec.peer_stage} "
-                f"did not arrive within {bound:.3g} s (posted at {rec.issued:.1f} ms, step {rec.step}; no notice "
-                "from the sender)"
+                f"{owner.where()}: receive of message {rec.seq} on link {rec.link} ({rec.direction}) from stage "
+                f"{rec.peer_stage} did not arrive within {bound:.3g} s (posted at {rec.issued:.1f} ms, "
+                f"step {rec.step}; no notice from the sender)"
             )
         if self.error is None and self._by_consumer and rec.arrived is None:
             try:
@@ -368,7 +370,8 @@ class EmulatedTransport(DefaultPathOnly, MessageBook):
         epoch: the pipeline's t=0 as a ``time.monotonic()`` value (:func:`~titan_morph.comm.clock.sync_clock`).
         record: keep a :class:`MessageRecord` per message (``records()``), the newest
             ``max_records`` of them (call ``take_records()`` per step to keep them all).
-        timeout_s: default bound of every ``wait``; down_grace_s: how long a receive waits on a link
+        timeouts: the bound of every ``wait`` (start-up and step 1, then training: TorchTitan's
+            ``[comm]`` timeouts); down_grace_s: how long a receive waits on a link
             the model says is down before raising; poll_s: how often such a wait re-checks the model.
         store: c10d store for commit notices (default: the default group's store);
             namespace: key prefix, unique per transport instance (default: group name + a per-process
@@ -390,7 +393,7 @@ class EmulatedTransport(DefaultPathOnly, MessageBook):
         epoch: float,
         record: bool = True,
         max_records: int = 200_000,
-        timeout_s: float = 300.0,
+        timeouts: CommTimeouts = DEFAULT_TIMEOUTS,
         down_grace_s: float = 1.0,
         poll_s: float = 1.0,
         store: dist.Store | None = None,
@@ -400,14 +403,15 @@ class EmulatedTransport(DefaultPathOnly, MessageBook):
             raise ValueError(f"link model has {links.num_links} links but {num_stages} stages need {num_stages - 1}")
         if depth is not None and depth < 1:
             raise ValueError(f"depth must be >= 1 (or None for a non-blocking transport), got {depth}")
-        for nm, v in (("timeout_s", timeout_s), ("down_grace_s", down_grace_s), ("poll_s", poll_s)):
+        for nm, v in (("down_grace_s", down_grace_s), ("poll_s", poll_s)):
             if not (v >= 0 and math.isfinite(v)) or (nm != "down_grace_s" and v == 0):
                 raise ValueError(f"{nm} must be a finite number of seconds > 0, got {v}")
         super().__init__(
             stage=stage, num_stages=num_stages, group=group, epoch=epoch, record=record, max_records=max_records
         )
         self.inner, self.links, self.depth = inner, links, depth
-        self.timeout_s, self.down_grace_s, self.poll_s = float(timeout_s), float(down_grace_s), float(poll_s)
+        self.timeouts = timeouts
+        self.down_grace_s, self.poll_s = float(down_grace_s), float(poll_s)
         self._base_store = store if store is not None else dist.distributed_c10d._get_default_store()
         ns = namespace if namespace is not None else f"titan_morph/emu/{self._group_name}/{next(_instances)}"
         self._namespace = ns
@@ -424,6 +428,16 @@ class EmulatedTransport(DefaultPathOnly, MessageBook):
         self._issue_hint: tuple[float, float] | None = None
         self._last_issue: dict[tuple[int, str], float] = {}
         self._close_at_exit()
+
+    def set_step(self, step: int) -> None:
+        """The training step about to run, here and in ``inner`` (its timeouts, its injected breaks)."""
+        super().set_step(step)
+        self.inner.set_step(step)
+
+    @property
+    def timeout_s(self) -> float:
+        """The bound of a wait now (``timeouts`` for the current step)."""
+        return self.timeouts.for_step(self.step)
 
     # -- time base -------------------------------------------------------------------------
     def hint_issue(self, t_s: float, max_early_ms: float = 2.0) -> None:

@@ -86,6 +86,11 @@ class RecordedTransport(DefaultPathOnly, MessageBook):
         )
         self.inner = inner
 
+    def set_step(self, step: int) -> None:
+        """The training step about to run, here and in ``inner`` (its timeouts, its injected breaks)."""
+        super().set_step(step)
+        self.inner.set_step(step)
+
     def hint_issue(self, t_s: float, max_early_ms: float = 2.0) -> None:
         pass  # sends leave when torch issues them
 

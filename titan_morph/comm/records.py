@@ -21,7 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["CommTimeoutError", "MessageBook", "MessageRecord", "op_nbytes"]
+__all__ = ["CommTimeoutError", "MessageBook", "MessageRecord", "close_at_exit", "op_nbytes"]
 
 
 class CommTimeoutError(TimeoutError):
@@ -83,7 +83,7 @@ def op_nbytes(ops: list[dist.P2POp]) -> int:
     return sum(op.tensor.numel() * op.tensor.element_size() for op in ops)
 
 
-_live: weakref.WeakSet[MessageBook] = weakref.WeakSet()
+_live: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 @atexit.register
@@ -92,9 +92,18 @@ def _close_live() -> None:
     draining: a thread caught inside a C++ call at shutdown aborts the process."""
     for t in list(_live):
         try:
-            t.close(timeout=t.exit_timeout_s, drain=False)  # type: ignore[attr-defined]
+            t.close(timeout=t.exit_timeout_s, drain=False)
         except Exception:
             pass
+
+
+def close_at_exit(transport: Any, closing: bool = False) -> None:
+    """Close ``transport`` (``close(timeout=transport.exit_timeout_s, drain=False)``) at interpreter
+    exit unless it was closed before; ``closing``: it is being closed now, stop tracking it."""
+    if closing:
+        _live.discard(transport)
+    else:
+        _live.add(transport)
 
 
 class MessageBook:
@@ -138,6 +147,7 @@ class MessageBook:
                 f"got stage={stage} num_stages={num_stages}"
             )
         self.stage, self.num_stages, self.epoch = stage, num_stages, float(epoch)
+        self.rank = dist.get_rank()
         self.record = record
         self.step = 0
         self._group_name = self.group.group_name
@@ -145,6 +155,10 @@ class MessageBook:
         self._records: deque[MessageRecord] = deque(maxlen=max_records)
         self._send_seq: dict[tuple[int, str], int] = {}
         self._recv_seq: dict[tuple[int, str], int] = {}
+
+    def where(self) -> str:
+        """``stage S (rank R)``: how errors name this end of a link."""
+        return f"stage {self.stage} (rank {self.rank})"
 
     def now_ms(self) -> float:
         """Milliseconds since the pipeline's epoch."""
@@ -168,22 +182,35 @@ class MessageBook:
 
     def _close_at_exit(self, closing: bool = False) -> None:
         """Track this transport for the close at interpreter exit (``closing``: stop tracking)."""
-        if closing:
-            _live.discard(self)
-        else:
-            _live.add(self)
+        close_at_exit(self, closing)
+
+    def restart_numbering(self, link: int) -> None:
+        """Number the messages of ``link`` from 0 again (both ends, between steps: a path the link
+        comes back to after a failure, whose counts no longer match)."""
+        with self._lock:
+            for table in (self._send_seq, self._recv_seq):
+                for d in ("fwd", "bwd"):
+                    table.pop((link, d), None)
 
     def _next(self, table: dict[tuple[int, str], int], link: int, direction: str) -> int:
         seq = table.get((link, direction), 0)
         table[(link, direction)] = seq + 1
         return seq
 
-    def _new_record(self, side: str, link: int, direction: str, seq: int, ops: list[dist.P2POp]) -> MessageRecord:
+    def _new_record(
+        self, side: str, link: int, direction: str, seq: int, ops: list[dist.P2POp], *, keep: bool = True
+    ) -> MessageRecord:
+        """A record of one message; kept at once, or (``keep=False``) only once :meth:`_keep` is called
+        (a send that may still fail before it is handed over)."""
         peer = link + 1 if (side == "send") == (direction == "fwd") else link
         rec = MessageRecord(side, link, direction, seq, op_nbytes(ops), self.step, peer, self.now_ms(), path=self.path)
+        if keep:
+            self._keep(rec)
+        return rec
+
+    def _keep(self, rec: MessageRecord) -> None:
         if self.record:
             self._records.append(rec)
-        return rec
 
     def records(self) -> list[MessageRecord]:
         """Snapshot of all message records so far (copies; both sides of this rank)."""

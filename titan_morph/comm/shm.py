@@ -25,6 +25,7 @@ offset (:func:`layout`), so dtype views of a slot are always aligned.
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import mmap
 import os
@@ -39,6 +40,18 @@ FLAG_WORDS = 8  # int64 words per slot header (one cache line)
 FILLED = READY = 0  # written by the producer of the slot's data
 FREED = CONSUMED = 1  # written by its consumer
 NBYTES = 2  # payload size of the message in the slot (written before FILLED/READY)
+PAGE = mmap.PAGESIZE
+# cudaError_t values a host registration can return (names as in CUDA's driver_types.h)
+CUDA_ERRORS = {
+    1: "cudaErrorInvalidValue",
+    2: "cudaErrorMemoryAllocation",
+    3: "cudaErrorInitializationError",
+    100: "cudaErrorNoDevice",
+    201: "cudaErrorDeviceUninitialized",
+    712: "cudaErrorHostMemoryAlreadyRegistered",
+    713: "cudaErrorHostMemoryNotRegistered",
+    801: "cudaErrorNotSupported",
+}
 
 
 def align(n: int, to: int = ALIGN) -> int:
@@ -126,16 +139,32 @@ class Segment:
         start = self.header + i * self.stride
         return self.data[start : start + self.slot_bytes]
 
+    def touch(self) -> None:
+        """Fault every page of the mapping in now (one byte per page), so the first message through a
+        slot does not pay the page faults: written on the creator's side (the pages get allocated),
+        read on the other (a concurrent writer's data is left alone)."""
+        pages = self.data[::PAGE]
+        if self.owner:
+            pages.zero_()
+        else:
+            int(pages.sum())
+
     # -- CUDA ------------------------------------------------------------------------------
     def pin(self) -> None:
         """Page-lock the mapping for CUDA (``cudaHostRegister``) so device↔host copies are async DMA.
 
-        CUDA path: untested on this CPU-only machine."""
+        A failed registration also sets CUDA's last error, which the next kernel-launch check would
+        report as its own: it is cleared here, and the error is raised by name."""
         if self._pinned:
             return
-        rc = torch.cuda.cudart().cudaHostRegister(self.data.data_ptr(), self.size, 0)
-        if int(rc) != 0:
-            raise RuntimeError(f"cudaHostRegister of shared-memory segment {self.name} ({self.size} B) failed: {rc}")
+        rc = int(torch.cuda.cudart().cudaHostRegister(self.data.data_ptr(), self.size, 0))
+        if rc != 0:
+            clear_cuda_error()
+            raise RuntimeError(
+                f"cudaHostRegister of shared-memory segment {self.name} ({self.size} B) failed: "
+                f"{cuda_error_name(rc)} ({rc})"
+                + (": this host memory is already page-locked (registered twice?)" if rc == 712 else "")
+            )
         self._pinned = True
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -160,6 +189,40 @@ class Segment:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+def _libcudart() -> ctypes.CDLL | None:
+    """The CUDA runtime library this process has loaded (torch's), or None."""
+    try:
+        with open("/proc/self/maps") as fh:
+            paths = {line.split()[-1] for line in fh if "libcudart.so" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
+
+
+def clear_cuda_error() -> int:
+    """Reset CUDA's last error (``cudaGetLastError``); returns the code it held (0 when none or no CUDA)."""
+    lib = _libcudart()
+    return 0 if lib is None else int(lib.cudaGetLastError())
+
+
+def cuda_error_name(code: int) -> str:
+    """The name of a ``cudaError_t`` (``cudaErrorHostMemoryAlreadyRegistered`` for 712)."""
+    if code in CUDA_ERRORS:
+        return CUDA_ERRORS[code]
+    lib = _libcudart()
+    if lib is not None:
+        lib.cudaGetErrorName.restype = ctypes.c_char_p
+        name = lib.cudaGetErrorName(ctypes.c_int(code))
+        if name:
+            return name.decode()
+    return f"cudaError {code}"
 
 
 def unlink_prefix(prefix: str) -> list[str]:

@@ -14,17 +14,27 @@ A schedule builder (:mod:`.schedules`) gets a :class:`ScheduleRequest` and assem
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from titan_morph.comm.clock import CommonClock, sync_clock
+from titan_morph.comm.timeouts import CommTimeouts
 from titan_morph.comm.transport import TorchTransport, Transport
-from titan_morph.integration.config import link_model_from_config, plan_delay_samples, plan_delays, stage_times
+from titan_morph.integration.config import (
+    break_window,
+    link_model_from_config,
+    plan_delay_samples,
+    plan_delays,
+    stage_times,
+)
 from titan_morph.monitor.adapt import AdaptPolicy, Monitor
 from titan_morph.monitor.detect import DetectRule
 from titan_morph.monitor.replan import search_iterations
@@ -51,6 +61,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+_link_groups = itertools.count()  # per-link group namespaces: the same on every rank (same construction order)
 
 _opened: list[Transport] = []  # this process's transports, closed at the end of training
 
@@ -182,23 +193,56 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
     blocks once ``link_queue_depth`` messages are in flight: NCCL's head-of-line blocking, §3.2),
     else recording message stamps for the monitor when ``monitored``. ``delegate``: the delegated
     data plane (§5), which applies the injected delays inside its delegates and never blocks the
-    training thread on the wire. ``auto``: the default path, moved per link to the delegates when
-    a link is slow or goes down.
+    training thread on the wire; a failed delegate stops the job with one error. ``auto``: the
+    default path on one process group per link (so one link can fail and be re-made alone), moved
+    per link to the delegates when a link is slow or its default path fails (and back when probes
+    succeed again), and back from the delegates when one of them dies (§5.3).
+
+    Every wait is bounded by TorchTitan's ``[comm]`` timeouts (start-up, then training).
     """
-    morph = req.job_config.morph
+    job = req.job_config
+    morph = job.morph
     stage = req.stage
     # Transports name traffic by the link between adjacent ranks (a V's two legs share them).
-    links = link_model_from_config(morph.inject, stage.group_size - 1, steps=req.job_config.training.steps)
-    where = {"stage": stage.group_rank, "num_stages": stage.group_size, "group": stage.group}
+    ranks = stage.group_size
+    links = link_model_from_config(morph.inject, ranks - 1, steps=job.training.steps)
+    timeouts = CommTimeouts.of(job.comm)
+    device = stage.device
+    where = {"stage": stage.group_rank, "num_stages": ranks, "group": stage.group}
     if morph.transport == "delegate":  # all PP traffic via delegates; they apply the injected delays
         from titan_morph.comm.delegate import DelegateTransport
 
-        return DelegateTransport(**where, links=links, delegates_per_link=morph.delegates_per_link, epoch=clock.epoch)
+        return DelegateTransport(
+            **where,
+            links=links,
+            delegates_per_link=morph.delegates_per_link,
+            epoch=clock.epoch,
+            timeouts=timeouts,
+            device=device,
+        )
     primary: Transport = TorchTransport(clock.epoch)
+    pairs = None
+    if morph.transport == "auto":
+        from titan_morph.comm.pairs import BreakPlan, LinkGroups, LinkTransport
+
+        window = break_window(morph.inject, ranks - 1)
+        group_name = (stage.group or dist.group.WORLD).group_name
+        pairs = LinkGroups(
+            stage=stage.group_rank,
+            num_stages=ranks,
+            namespace=f"{group_name}/{next(_link_groups)}",
+            backend="nccl" if device is not None and torch.device(device).type == "cuda" else "gloo",
+            timeouts=timeouts,
+            device=device,
+            breaks=BreakPlan(*window) if window is not None else None,
+        )
+        primary = LinkTransport(pairs, group=stage.group, epoch=clock.epoch)
     if links is not None:
         from titan_morph.comm.emulator import EmulatedTransport
 
-        primary = EmulatedTransport(primary, links, **where, depth=morph.link_queue_depth, epoch=clock.epoch)
+        primary = EmulatedTransport(
+            primary, links, **where, depth=morph.link_queue_depth, epoch=clock.epoch, timeouts=timeouts
+        )
     elif monitored:  # the real network: message stamps for the monitor
         from titan_morph.comm.recorded import RecordedTransport
 
@@ -210,8 +254,18 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
     from titan_morph.comm.delegate import DelegateTransport
     from titan_morph.comm.failover import FailoverTransport
 
-    delegate = DelegateTransport(**where, links=links, delegates_per_link=morph.delegates_per_link, epoch=clock.epoch)
-    return FailoverTransport(primary, delegate, **where)
+    delegate = DelegateTransport(
+        **where,
+        links=links,
+        delegates_per_link=morph.delegates_per_link,
+        epoch=clock.epoch,
+        timeouts=timeouts,
+        strict=False,
+        device=device,
+    )
+    return FailoverTransport(
+        primary, delegate, **where, pairs=pairs, timeouts=timeouts, recover_probes=morph.recover_consecutive
+    )
 
 
 def needs_transport(morph: Any) -> bool:

@@ -45,7 +45,7 @@ from titan_morph.pipelining.links import (
 from titan_morph.pipelining.values import parse_list
 
 Transport = Literal["default", "delegate", "auto"]
-InjectMode = Literal["none", "static", "random", "trace"]
+InjectMode = Literal["none", "static", "random", "trace", "break"]
 InjectDirection = Literal["both", "fwd", "bwd"]
 TRANSPORTS: tuple[str, ...] = get_args(Transport)
 INJECT_MODES: tuple[str, ...] = get_args(InjectMode)
@@ -186,7 +186,9 @@ class Inject:
 
     mode: InjectMode = "none"
     """none | static (fixed ``delays_ms``) | random (§7.2: N(mean, std) re-drawn every
-    U(interval) ms) | trace (replay ``trace_file``, e.g. the paper's Table 3)."""
+    U(interval) ms) | trace (replay ``trace_file``, e.g. the paper's Table 3) | break (the default
+    path of ``links`` fails for real from ``start_step`` to ``end_step``: its process group is torn
+    down on one side; needs ``transport = "auto"``, which moves the links to the delegates)."""
 
     delays_ms: DelayList = field(default_factory=list)
     """static mode: per-link delay in ms, e.g. [0, 0, 60] (one value per link; a single value
@@ -202,7 +204,8 @@ class Inject:
     """Last training step with injected delays (0 = until the end of training)."""
 
     links: Annotated[IntList, Range(0)] = field(default_factory=list)
-    """random mode: ids of the links that straggle, e.g. [0, 2] ([] = every link)."""
+    """random mode: ids of the links that straggle; break mode: the links that fail, e.g. [0, 2]
+    ([] = every link)."""
 
     random_mean_ms: Annotated[float, Range(0, delay=True)] = 0.0
     """random mode: mean of the per-link delay in ms."""
@@ -628,6 +631,13 @@ def validate_morph(
         )
     if inj.mode == "trace":
         _check_trace(inj, links, delay_limit_ms)
+    if inj.mode == "break" and morph.transport != "auto":
+        raise _fail(
+            "morph.inject.mode",
+            inj.mode,
+            f"needs morph.transport = auto (got {morph.transport!r}): break mode fails links' default path for "
+            "real, and only auto moves them to the delegates",
+        )
 
     if morph.synthetic.hidden % 16:
         raise _fail("morph.synthetic.hidden", morph.synthetic.hidden, "must be a multiple of 16")
@@ -761,7 +771,7 @@ def link_model_from_config(inject: Inject, num_links: int, steps: int = 200) -> 
     ``steps`` (the run's training steps) rescales the built-in Table 3 trace onto the run.
     """
     layout = _Layout(num_links + 1)
-    if inject.mode == "none":
+    if inject.mode in ("none", "break"):  # break mode fails the real path: no modelled delays
         return None
     if inject.mode == "static":
         inner: LinkModel = StaticDelays(_values(inject, "delays_ms", layout, "morph.inject.delays_ms"))
@@ -777,3 +787,12 @@ def link_model_from_config(inject: Inject, num_links: int, steps: int = 200) -> 
     else:
         raise _fail("morph.inject.mode", inject.mode, f"is not one of {', '.join(INJECT_MODES)}")
     return _Windowed(inner, inject.start_step, inject.end_step, inject.direction)
+
+
+def break_window(inject: Inject, num_links: int) -> tuple[frozenset[int], int, int] | None:
+    """``[morph.inject]`` break mode: (the links that fail, first step, last step or 0 = for good);
+    None in the other modes."""
+    if inject.mode != "break":
+        return None
+    chosen = _values(inject, "links", _Layout(num_links + 1), "morph.inject.links")
+    return frozenset(chosen or range(num_links)), inject.start_step, inject.end_step

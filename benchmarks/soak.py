@@ -1,0 +1,168 @@
+"""Soak: a long synthetic-testbed run under dynamic stragglers; does any rank's memory creep?
+
+One 4-rank ``torchrun`` job of ``train_configs/synthetic_cpu.toml`` (PP=4, F=B=W=10 ms) with
+``--microbatches`` microbatches, every link delayed by N(30, 10) ms (``--mean-ms``, std a third of
+it) re-drawn every U(100, 200) ms
+(the paper's §7.2 dynamic stragglers), ``[morph] transport = "auto"`` and live adaptation on (so
+links move to the delegates and back and plans change, as in production).
+
+While it runs, every rank's resident set size is sampled (``/proc/<pid>/status``) and matched to
+the step the job had logged. Printed: per rank, RSS after ``--warmup`` steps, at the end, and the
+growth in between (total and per step); plan changes, failovers and delegated links; step time
+p50 / p99 after warm-up (TorchTitan's ``time_metrics/end_to_end(s)``). The last line is JSON with
+at least ``rss_growth_mb`` (the largest growth over the ranks).
+
+    .venv/bin/python benchmarks/soak.py --steps 400 [--warmup 50] [--microbatches 8]
+
+Not a test: figures depend on the host's load. The issue's goal: growth < 1 MB over 400 steps and
+< 2 MB over 2000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.jobs import WatchedJob, rss_kb  # noqa: E402
+from titan_morph.compare.results import read_scalars  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+SYNTHETIC = REPO / "train_configs" / "synthetic_cpu.toml"
+RANKS = 4
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by linear interpolation (NaN when empty)."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def sample_rss(job: WatchedJob, samples: list[tuple[float, int, int]], stop: threading.Event, every_s: float) -> None:
+    """(time, rank, rss KiB) of every rank process, every ``every_s`` seconds, until ``stop``."""
+    pids: dict[int, int] = {}
+    while not stop.is_set():
+        if len(pids) < RANKS:
+            pids = {p.rank: p.pid for p in job.processes() if p.kind == "rank"}
+        now = time.monotonic()
+        for rank, pid in pids.items():
+            rss = rss_kb(pid)
+            if rss is not None:
+                samples.append((now, rank, rss))
+        stop.wait(every_s)
+
+
+def rss_at(samples: list[tuple[float, int, int]], rank: int, t0: float, t1: float) -> float | None:
+    """Median RSS (KiB) of ``rank``'s samples between ``t0`` and ``t1``."""
+    xs = [rss for t, r, rss in samples if r == rank and t0 <= t <= t1]
+    return statistics.median(xs) if xs else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--warmup", type=int, default=50, help="steps before the first RSS reading")
+    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--transport", default="auto", choices=("default", "delegate", "auto"))
+    parser.add_argument("--mean-ms", type=float, default=30.0, help="straggler delay mean (0: no stragglers)")
+    parser.add_argument("--sample-s", type=float, default=0.25)
+    parser.add_argument("--dump", type=Path, default=None, help="run folder (default: a temporary one)")
+    parser.add_argument("extra", nargs="*", help="more overrides after --, e.g. -- --comm.trace_buf_size 0")
+    opts = parser.parse_args(argv)
+    if not 1 <= opts.warmup < opts.steps - 5:
+        parser.error(f"--warmup must be in 1..{opts.steps - 6} (steps {opts.steps})")
+    overrides = [
+        "--training.local_batch_size",
+        str(opts.microbatches),
+        "--morph.transport",
+        opts.transport,
+        "--metrics.log_freq",
+        "1",
+    ]
+    overrides += opts.extra
+    if opts.mean_ms > 0:
+        overrides += ["--morph.inject.mode", "random", "--morph.inject.random_mean_ms", f"{opts.mean_ms:g}"]
+        overrides += ["--morph.inject.random_std_ms", f"{opts.mean_ms / 3:g}"]
+    with tempfile.TemporaryDirectory(prefix="titan_morph_soak_") as tmp:
+        dump = opts.dump or Path(tmp) / "soak"
+        job = WatchedJob(SYNTHETIC, dump, RANKS, opts.steps, overrides, timeout_s=120 + 3.0 * opts.steps).start()
+        samples: list[tuple[float, int, int]] = []
+        stop = threading.Event()
+        sampler = threading.Thread(target=sample_rss, args=(job, samples, stop, opts.sample_s), daemon=True)
+        sampler.start()
+        print(f"soak: {opts.steps} steps, {opts.microbatches} microbatches, transport {opts.transport}, {dump}")
+        last = 0
+        while job.running:
+            seen = job.poll()
+            step = max(seen, default=0)
+            if step >= last + 50:
+                last = step
+                print(f"  step {step}/{opts.steps} ({time.monotonic() - job.started:.0f} s)", flush=True)
+            time.sleep(0.5)
+        stop.set()
+        sampler.join(2.0)
+        outcome = job.join()
+        if not outcome.ok:
+            print(f"soak run failed: {outcome.status()}\n{job.log()[-3000:]}")
+            return 1
+        seen = job.poll()
+        tb = read_scalars(dump)
+    window = 10  # steps whose samples make one reading
+    t_warm = (seen[opts.warmup], seen[opts.warmup + window])
+    t_end = (seen[opts.steps - window], seen[opts.steps])
+    per_rank = {}
+    print("\n| rank | RSS after warm-up (MB) | RSS at the end (MB) | growth (MB) | growth per step (KB) |")
+    print("|---|---|---|---|---|")
+    for rank in range(RANKS):
+        warm, end = rss_at(samples, rank, *t_warm), rss_at(samples, rank, *t_end)
+        if warm is None or end is None:
+            continue
+        growth = (end - warm) / 1024
+        per_rank[rank] = growth
+        per_step = (end - warm) / max(1, opts.steps - opts.warmup - window)
+        print(f"| {rank} | {warm / 1024:.1f} | {end / 1024:.1f} | {growth:+.2f} | {per_step:+.2f} |")
+    step_s = [v for s, v in tb.get("time_metrics/end_to_end(s)", {}).items() if s > opts.warmup]
+    plan_changes = max(tb.get("morph/plan_changes", {0: 0.0}).values())
+    failovers = max(tb.get("morph/failovers", {0: 0.0}).values())
+    delegated = {
+        tag.rsplit("link", 1)[1]: sum(1 for v in series.values() if v > 0)
+        for tag, series in tb.items()
+        if tag.startswith("morph/delegated/link")
+    }
+    summary = {
+        "steps": opts.steps,
+        "warmup": opts.warmup,
+        "microbatches": opts.microbatches,
+        "transport": opts.transport,
+        "straggler_mean_ms": opts.mean_ms,
+        "rss_growth_mb": round(max(per_rank.values()), 3) if per_rank else None,
+        "rss_growth_mb_per_rank": {r: round(g, 3) for r, g in per_rank.items()},
+        "plan_changes": int(plan_changes),
+        "failovers": int(failovers),
+        "delegated_steps_per_link": delegated,
+        "step_ms_p50": round(percentile(step_s, 0.5) * 1e3, 1),
+        "step_ms_p99": round(percentile(step_s, 0.99) * 1e3, 1),
+        "wall_s": round(outcome.seconds, 1),
+    }
+    print(
+        f"\nplan changes {summary['plan_changes']}, failovers {summary['failovers']}, steps with a delegated "
+        f"link {delegated}; step time p50 {summary['step_ms_p50']} ms, p99 {summary['step_ms_p99']} ms"
+    )
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

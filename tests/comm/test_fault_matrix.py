@@ -1,0 +1,47 @@
+"""The fault matrix (``benchmarks/fault_matrix.py``), cell by cell: process kind x fault x transport.
+
+Each cell is a real training job (llama3 debug, PP=2, 8 steps) whose rank-0 process of one kind
+gets one fault after step 3; the cell passes when the job does what the matrix expects (continues
+with the losses of the same job without the fault, or stops within the timeout + 30 s with an
+error naming the process and link) and leaves no process or shared-memory segment behind.
+
+One cell runs by default (a send delegate killed under ``delegate``: the job must stop with one
+error naming it, and leave nothing behind); the rest are ``slow``. ``benchmarks/fault_matrix.py``
+runs them all and writes ``docs/reliability.md``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.fault_matrix import Cell, cells, reference, run_cell
+
+DEFAULT = {Cell("send delegate", "SIGKILL", "delegate")}
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory) -> dict:
+    """Per transport, the losses of the job without a fault (computed once, when first needed)."""
+    cache: dict[str, dict[int, float]] = {}
+    root = tmp_path_factory.mktemp("references")
+
+    def get(transport: str) -> dict[int, float]:
+        if transport not in cache:
+            cache[transport] = reference(transport, Path(root))
+        return cache[transport]
+
+    return get  # type: ignore[return-value]
+
+
+def _params():
+    for cell in cells():
+        marks = () if cell in DEFAULT else (pytest.mark.slow,)
+        yield pytest.param(cell, id=cell.name, marks=marks)
+
+
+@pytest.mark.parametrize("cell", list(_params()))
+def test_fault_matrix_cell(cell: Cell, references, tmp_path) -> None:
+    result = run_cell(cell, references(cell.transport), tmp_path)
+    assert result.passed, f"{cell.name}: {result.why}\n{result}"
