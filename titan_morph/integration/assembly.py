@@ -8,8 +8,10 @@ A schedule builder (:mod:`.schedules`) gets a :class:`ScheduleRequest` and assem
 * the initial plan: PipeMorph's Alg. 1 warm-up under ``memory_budget`` (Alg. 2 for
   ``plan_delays_ms`` when given, + the search when ``search``), or a baseline's fixed warm-up;
 * the transport of ``[morph] transport`` with the ``[morph.inject]`` link emulator, on the
-  pipeline's common clock;
-* the testbed's padding (``[morph.synthetic]``) and the monitor's policy.
+  pipeline's common clock (the world's, for DP x PP);
+* the testbed's padding (``[morph.synthetic]``) and the monitor's policy;
+* for DP x PP, the world-wide exchange and the topology monitor (:mod:`.hybrid`), with this
+  pipeline's simulated step under link delays as the placement cost.
 """
 
 from __future__ import annotations
@@ -24,11 +26,15 @@ from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from titan_morph.comm.clock import CommonClock, sync_clock
 from titan_morph.comm.transport import TorchTransport, Transport
-from titan_morph.integration.config import link_model_from_config, plan_delays, stage_times
+from titan_morph.integration.config import link_model_from_config, parse_rank_pairs, plan_delays, stage_times
+from titan_morph.integration.hybrid import HybridParallelDims, make_exchange, pipeline_hosts
 from titan_morph.monitor.adapt import AdaptPolicy, Monitor
 from titan_morph.monitor.detect import DetectRule
+from titan_morph.monitor.replan import adapted_plan
+from titan_morph.monitor.topology import PipelineCost
 from titan_morph.pipelining.builders import build
 from titan_morph.pipelining.model import CostModel, Plan
+from titan_morph.pipelining.simulate import simulate
 from titan_morph.runtime.schedule import MorphSchedule
 from titan_morph.runtime.testbed import DeviceClock, StageTimes, pad_stage_compute
 
@@ -135,7 +141,9 @@ def make_transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool 
     """
     morph = req.job_config.morph
     stage = req.stage
-    links = link_model_from_config(morph.inject, stage.num_stages - 1, steps=req.job_config.training.steps)
+    # with rank_links the delays follow the hosts of this pipeline's stages
+    hosts = pipeline_hosts(stage.group) if parse_rank_pairs(morph.inject.rank_links) else None
+    links = link_model_from_config(morph.inject, stage.num_stages - 1, steps=req.job_config.training.steps, hosts=hosts)
     where = {"stage": stage.stage_index, "num_stages": stage.num_stages, "group": stage.group}
     if morph.transport == "delegate":  # all PP traffic via delegates; they apply the injected delays
         from titan_morph.comm.delegate import DelegateTransport
@@ -176,19 +184,17 @@ def prepare_stage(req: ScheduleRequest) -> DeviceClock | None:
     return pad_stage_compute(req.stage, StageTimes(f, b, w))
 
 
-def make_monitor(family: str, morph: Any, plan: Plan, stages: int, n_microbatches: int) -> Monitor:
-    """The monitor of a titan_morph schedule: it measures every one; it re-plans only PipeMorph with
-    ``adapt``. Adapted plans are searched for the delegated (non-blocking) path and, per §4.2,
-    without the memory cap (or under ``adapt_memory_budget``) when slow links are delegated
-    (``auto``/``delegate``); with the default transport they keep ``memory_budget`` and its blocking
-    link queue. When the stage times are unknown, the initial plan is rebuilt from the times
-    measured over the first ``profile_steps`` steps."""
+def adapt_policy(family: str, morph: Any, stages: int) -> AdaptPolicy:
+    """What a monitor decision may change: it re-plans only PipeMorph with ``adapt``. Adapted plans
+    are searched for the delegated (non-blocking) path and, per §4.2, without the memory cap (or
+    under ``adapt_memory_budget``) when slow links are delegated (``auto``/``delegate``); with the
+    default transport they keep ``memory_budget`` and its blocking link queue."""
     delegated = morph.transport in ("auto", "delegate")
     if delegated:
         memory, depth = morph.adapt_memory_budget or None, None
     else:
         memory, depth = morph.memory_budget or stages, morph.link_queue_depth
-    policy = AdaptPolicy(
+    return AdaptPolicy(
         enabled=morph.adapt and family == "pipemorph",
         memory=memory,
         search=morph.search,
@@ -196,6 +202,29 @@ def make_monitor(family: str, morph: Any, plan: Plan, stages: int, n_microbatche
         depth=depth,
         delegate_slow_links=morph.transport == "auto",
     )
+
+
+def pipeline_cost(family: str, morph: Any, plan: Plan) -> PipelineCost:
+    """This pipeline's simulated step (ms) when its links carry given delays: the plan it would run
+    then (Alg. 2 for them when PipeMorph adapts, else ``plan``'s fixed orders) on its transport. The
+    orchestrator's placement cost, the PP links' slackness included."""
+    policy = adapt_policy(family, morph, plan.model.stages)
+
+    def cost(delays: tuple[float, ...]) -> float:
+        model = plan.model.with_delays(delays)
+        if policy.enabled and any(delays):
+            adapted = adapted_plan(model.with_memory(policy.memory), search=False, depth=policy.depth)
+            return simulate(model, adapted.orders, depth=policy.depth).makespan
+        return simulate(model, plan.orders, depth=transport_depth(morph)).makespan
+
+    return cost
+
+
+def make_monitor(family: str, morph: Any, plan: Plan, stages: int, n_microbatches: int) -> Monitor:
+    """The monitor of a titan_morph schedule: it measures every one; it re-plans only PipeMorph with
+    ``adapt`` (:func:`adapt_policy`). When the stage times are unknown, the initial plan is rebuilt
+    from the times measured over the first ``profile_steps`` steps."""
+    policy = adapt_policy(family, morph, stages)
     rule = DetectRule(
         detect_steps=morph.detect_consecutive,
         recover_steps=morph.recover_consecutive,
@@ -262,10 +291,16 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
         plan = initial_plan(family, morph, stages, req.n_microbatches)
         device_clock = prepare_stage(req)
         multi = stages > 1
-        transport = None
+        transport = exchange = None
         if multi:
-            clock = sync_clock(req.stage.group)
+            hybrid = isinstance(req.parallel_dims, HybridParallelDims)
+            clock = sync_clock(None if hybrid else req.stage.group)  # DP x PP: one clock for the world
             transport = make_transport(req, clock, monitored=morph.monitor) or TorchTransport(clock.epoch)
+            if morph.monitor:
+                cost = pipeline_cost(family, morph, plan)
+                exchange = make_exchange(
+                    req.job_config, req.stage.group, req.n_microbatches, clock.epoch, req.parallel_dims, cost
+                )
         return MorphSchedule(
             [req.stage],
             req.n_microbatches,
@@ -277,6 +312,7 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
             predict=stage_times(morph, stages) is not None,
             monitor=make_monitor(family, morph, plan, stages, req.n_microbatches) if morph.monitor and multi else None,
             device_clock=device_clock,
+            exchange=exchange,
         )
 
     build_schedule.__doc__ = f"titan_morph's {family} plan in MorphSchedule (one stage per rank)."

@@ -18,6 +18,7 @@ from torchtitan.protocols.train_spec import TrainSpec, get_train_spec, register_
 from torchtitan.tools.logging import logger
 
 from titan_morph.integration.config import microbatches
+from titan_morph.integration.cpu import adapt_fsdp_to_gloo
 from titan_morph.integration.metrics import build_morph_metrics_processor
 from titan_morph.integration.schedules import ScheduleRequest, build_schedule, check_schedule_name
 
@@ -75,6 +76,7 @@ def pipeline_one_stage_per_rank(
     assert len(stages) == 1, "titan_morph builds one stage per rank"
     stage = stages[0]
     part = parallelize_fn(model_parts[0], parallel_dims, job_config)
+    adapt_fsdp_to_gloo(part)
     model_parts[0] = part
     stage.submod = part
 

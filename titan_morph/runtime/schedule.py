@@ -32,6 +32,7 @@ from titan_morph.pipelining.simulate import simulate
 from titan_morph.runtime.actions import to_actions
 from titan_morph.runtime.exchange import PlanMismatchError, StepExchange, step_profile
 from titan_morph.runtime.metrics import (
+    MetricsSource,
     TimelineRenderer,
     pipeline_metrics,
     predicted_ms,
@@ -85,6 +86,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
         monitor: detection and re-planning, fed by the per-step exchange (None: measure only).
         device_clock: the testbed's clock of this stage, when its ops are padded (op times are then
             device times, as CUDA events would measure them).
+        exchange: the per-step exchange (None: a :class:`StepExchange` over the pipeline's ranks;
+            DP x PP passes one over the whole world, :class:`~titan_morph.runtime.hybrid.HybridExchange`).
     """
 
     def __init__(
@@ -100,6 +103,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         predict: bool = False,
         monitor: Monitor | None = None,
         device_clock: DeviceClock | None = None,
+        exchange: StepExchange | None = None,
         **kwargs: Any,
     ) -> None:
         if len(stages) != 1:
@@ -134,7 +138,9 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self._produced_at: float | None = None
         self._stage_index = stage.stage_index
         self._is_last = stage.stage_index == stage.num_stages - 1
-        self._exchange = StepExchange(group, n_microbatches) if distributed else None
+        if exchange is None and distributed:
+            exchange = StepExchange(group, n_microbatches)
+        self._exchange = exchange
         self._timeline = TimelineRenderer()
         self._instrument(stage)
         self.set_plan(plan)
@@ -166,6 +172,16 @@ class MorphSchedule(_PipelineScheduleRuntime):
             self.plan_changes += 1
             logger.info("pipeline plan %s -> %s (x=%s)", previous.plan_id, plan.plan_id, list(plan.warmup))
 
+    @property
+    def exchange(self) -> StepExchange | None:
+        """The per-step exchange (None on a single rank)."""
+        return self._exchange
+
+    def set_step(self, step: int) -> None:
+        """The next ``step()`` is training step ``step`` (TorchTitan's count, from 1). A run resumed
+        from a checkpoint calls it so that step-keyed injection windows and records keep counting."""
+        self._steps = step - 1
+
     # ------------------------------------------------------------- figures
     def tensorboard_metrics(self, step: int) -> dict[str, float]:
         """Scalars about the last step for TorchTitan's metrics processor (the README lists them)."""
@@ -175,6 +191,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
         out = record_metrics(rec, self.plan, self.plan_changes, self.planned_bubble_rate)
         out.update(pipeline_metrics(self.profiles, self._num_stages))
         out["morph/monitor_ms"] = self.monitor_ms
+        if isinstance(self._exchange, MetricsSource):  # e.g. the DP x PP exchange's topology figures
+            out.update(self._exchange.tensorboard_metrics(step))
         if self.monitor is not None:
             out.update(self.monitor.metrics(self.transport.delegated()))
         if self.predict and self._is_last and self.profiles:
