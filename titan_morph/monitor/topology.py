@@ -20,7 +20,8 @@ margin, floor, p75 rounded up) with an Eq. 1 tolerance of 0: no slackness absorb
 Decision (:func:`best_layout`). Among assignments, lexicographically: (1) the least slow-pair delay
 left inside DP groups (every ring algorithm of a group may use any of its pairs); (2) with the
 ``pp`` policy, slow pairs on pipeline links rather than between ranks that exchange nothing
-(Falcon's re-assignment, which the paper follows); (3) the shortest simulated step of the slowest
+(Falcon's re-assignment, which the paper follows: a pair that carries traffic keeps carrying
+some); (3) the shortest simulated step of the slowest
 pipeline given the delays its links then carry (the PP links' slackness: a delay on a link with
 more slack costs less); (4) the fewest hosts moved. Only the hosts of slow pairs are placed
 explicitly; every other host keeps its rank unless displaced. Small worlds are searched
@@ -271,7 +272,7 @@ class Score:
     """How good a layout is for a set of slow pairs; smaller is better, compared in field order."""
 
     dp_delay_ms: float  # slow-pair delay left inside DP groups
-    off_pipeline: int  # slow pairs carrying no traffic (counted with the ``pp`` policy only)
+    off_pipeline: int  # with the ``pp`` policy: slow pairs that carried traffic and would carry none
     pipeline_ms: float  # the slowest pipeline's simulated step under the delays its links carry
     moved: int  # hosts that run another rank than before
     hosts: tuple[int, ...]  # a fixed tie-break
@@ -289,8 +290,8 @@ def score(layout: Layout, slow: Mapping[Pair, float], policy: str, cost: Pipelin
             dp += ms
         elif da == db and abs(sa - sb) == 1:
             links[da][min(sa, sb)] += ms
-        elif policy == "pp":
-            off += 1
+        elif policy == "pp" and current.where(a, b) != "no traffic":
+            off += 1  # moved off its DP group or pipeline link, but onto no link
     slowest = max((cost(tuple(v)) for v in links), default=0.0) if layout.stages > 1 else 0.0
     moved = sum(1 for x, y in zip(layout.hosts, current.hosts) if x != y)
     return Score(dp, off, round(slowest, 6), moved, layout.hosts)
