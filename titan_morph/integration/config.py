@@ -405,8 +405,9 @@ class Morph:
     collective delays are still measured) | pp (a data-parallel pair of ranks detected slow is moved
     onto a pipeline link, Falcon's re-assignment) | any (onto a pipeline link, or between two ranks
     that exchange no traffic when the layout has such places). A move checkpoints the run and
-    ./run_train.sh's launcher restarts it with the new rank order. Needs a titan_morph schedule,
-    ``monitor``, data_parallel_shard_degree > 1 and [checkpoint] enable = true."""
+    ./run_train.sh's launcher restarts it with the new rank order. Acts only with DP x PP
+    (pipeline_parallel_degree and data_parallel_shard_degree > 1); there it needs a titan_morph
+    schedule, ``monitor`` and [checkpoint] enable = true."""
 
     dp_detect_min_ms: Annotated[float, Range(0)] = 5.0
     """Per-hop DP collective delays at or below this never count as slow (the DP pairs' Eq. 1
@@ -728,19 +729,13 @@ def dp_degree(job_config: Any) -> int:
 
 
 def _check_orchestrator(job_config: Any, morph: Morph) -> None:
-    """``orchestrator`` moves ranks through a checkpoint: it needs DP x PP, the monitor and a
-    titan_morph schedule (the one per-step exchange carries the DP measurements)."""
-    if morph.orchestrator == "off":
+    """``orchestrator`` moves ranks of a DP x PP job through a checkpoint: it needs the monitor and a
+    titan_morph schedule (the one per-step exchange carries the DP measurements). Without DP x PP
+    there is nothing to move and the option has no effect."""
+    par = job_config.parallelism
+    if morph.orchestrator == "off" or par.pipeline_parallel_degree < 2 or dp_degree(job_config) < 2:
         return
     key, value = "morph.orchestrator", morph.orchestrator
-    par = job_config.parallelism
-    if par.pipeline_parallel_degree < 2 or dp_degree(job_config) < 2:
-        raise _fail(
-            key,
-            value,
-            "needs pipeline_parallel_degree >= 2 and data_parallel_shard_degree >= 2 (it moves slow data-parallel "
-            "pairs onto pipeline links); set orchestrator = off",
-        )
     if not morph.monitor:
         raise _fail(key, value, "needs morph.monitor = true (the moves act on the monitor's DP measurements)")
     if par.pipeline_parallel_schedule.lower() in ("1f1b", "gpipe"):
