@@ -31,8 +31,9 @@ the protocol is :mod:`titan_morph.integration.relaunch`). The supervisor gives t
 ``$TITAN_MORPH_RELAUNCH_FILE``. When the orchestrator moves hosts between ranks, the ranks
 checkpoint, rank 0 writes the new host of every rank there and they exit cleanly; the supervisor
 then starts torchrun again in the same run folder (``$TITAN_MORPH_RUN_ID`` is kept), with
-``$TITAN_MORPH_HOSTS`` naming each rank's host and ``$TITAN_MORPH_TOPOLOGY_CHANGES`` the moves made
-so far, and the ranks resume from the checkpoint. At most :data:`MAX_RELAUNCHES` times per run.
+``$TITAN_MORPH_HOSTS`` naming each rank's host, ``$TITAN_MORPH_TOPOLOGY_CHANGES`` the moves made
+so far and ``$TITAN_MORPH_SLOW_PAIRS`` the pairs measured slow, and the ranks resume from the
+checkpoint. At most :data:`MAX_RELAUNCHES` times per run.
 """
 
 import contextlib
@@ -50,7 +51,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from titan_morph.integration.relaunch import HOSTS_ENV, MOVES_ENV, RELAUNCH_ENV, take_request
+from titan_morph.integration.relaunch import HOSTS_ENV, MOVES_ENV, RELAUNCH_ENV, SLOW_ENV, take_request
 
 CONFIG_MODULE = "titan_morph.integration.config"
 TRAIN_MODULE = "titan_morph.train"
@@ -527,6 +528,7 @@ def supervise(cmd: list[str], env: Mapping[str, str] | None = None) -> int:
             launches += 1
             child_env[HOSTS_ENV] = ",".join(str(h) for h in wanted["hosts"])
             child_env[MOVES_ENV] = str(wanted["moves"])
+            child_env[SLOW_ENV] = wanted.get("slow", "")
             print(
                 f"titan_morph.launch: relaunching after step {wanted['step']} with the host of each rank "
                 f"{wanted['hosts']} (topology move {wanted['moves']}): {wanted['reason']}",

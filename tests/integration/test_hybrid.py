@@ -107,6 +107,8 @@ def test_slow_dp_pair_is_moved_and_losses_equal_the_undisturbed_run(seed, undist
     assert "DP pair 0-1 (stage 0's DP group) slow" in out
     assert "[[0, 1], [2, 3]] -> [[0, 2], [1, 3]] (pair 0-1: stage 0's DP group -> link 0 of pipeline 0)" in out
     assert out.count("Training starts at step 1") >= 1 and "Training starts at step 3" in out
+    # the relaunched pipeline 0 plans for the pair's measured delay and delegates its link at once
+    assert "link 0 slow: known before the first step (the orchestrator moved a slow pair onto it)" in out
     changes = result.scalars("morph/topology_changes")
     assert changes[1] == 0 and all(changes[s] == 1 for s in range(2, STEPS + 1)), changes
     # before the move stage 0's DP group is slow; after it the pipeline link 0-1 is (pipeline 0)
@@ -122,15 +124,15 @@ JOB = """
 import json, os, sys
 from titan_morph.integration.relaunch import request_relaunch
 log = sys.argv[1]
+names = ("TITAN_MORPH_HOSTS", "TITAN_MORPH_TOPOLOGY_CHANGES", "TITAN_MORPH_SLOW_PAIRS", "TITAN_MORPH_RUN_ID")
 with open(log, "a") as fh:
-    fh.write(json.dumps([os.environ.get("TITAN_MORPH_HOSTS"), os.environ.get("TITAN_MORPH_TOPOLOGY_CHANGES"),
-                         os.environ.get("TITAN_MORPH_RUN_ID")]) + "\\n")
+    fh.write(json.dumps([os.environ.get(name) for name in names]) + "\\n")
 launches = sum(1 for _ in open(log))
 if launches == 1:
-    request_relaunch([1, 0, 3, 2], 4, 1, "test move")
+    request_relaunch([1, 0, 3, 2], 4, 1, "test move", {(1, 0): 35.0})
 elif launches == 2:
-    sys.exit(3)  # a failure is not relaunched, even with a request pending
     request_relaunch([0, 1, 2, 3], 5, 2, "never read")
+    sys.exit(3)  # a failure is not relaunched, even with a request pending
 """
 
 
@@ -142,8 +144,8 @@ def test_supervisor_relaunches_with_the_new_rank_order(tmp_path):
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 3, proc.stderr
     launches = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [entry[:2] for entry in launches] == [[None, None], ["1,0,3,2", "1"]]
-    assert launches[0][2] == launches[1][2] and launches[0][2]  # one run id: the same run folder
+    assert [entry[:3] for entry in launches] == [[None, None, None], ["1,0,3,2", "1", "0-1:35"]]
+    assert launches[0][3] == launches[1][3] and launches[0][3]  # one run id: the same run folder
     assert (
         "relaunching after step 4 with the host of each rank [1, 0, 3, 2] (topology move 1): test move" in proc.stderr
     )

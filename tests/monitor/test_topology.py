@@ -189,3 +189,28 @@ def test_probes_tell_the_pairs_of_a_larger_group_apart():
     mon.observe(2, rows)
     assert mon.estimates[(0, 1)].exact == [pytest.approx(30.0)]
     assert mon.estimates[(1, 2)].exact == [pytest.approx(0.3)]
+
+
+def test_the_scheduler_is_told_of_a_pair_moved_onto_its_link():
+    """After a move the relaunched pipeline plans for the measured delay at once (Fig. 13 step 5)."""
+    from titan_morph.monitor.adapt import AdaptPolicy, Monitor
+    from titan_morph.pipelining.builders import build
+    from titan_morph.pipelining.model import CostModel
+
+    model = CostModel(2, 8, (10.0, 10.0), (10.0, 10.0), (10.0, 10.0), memory=2)
+    initial = build("pipemorph", model)
+
+    def monitor(enabled: bool) -> Monitor:
+        policy = AdaptPolicy(enabled=enabled, memory=None, depth=None, delegate_slow_links=True)
+        return Monitor(
+            num_stages=2, microbatches=8, initial_plan=initial, fallback_times=[(10.0, 10.0, 10.0)] * 2, policy=policy
+        )
+
+    told = monitor(True)
+    change = told.assume_slow((35.0,), "moved here")
+    assert change is not None and change.switch == (0,) and change.delays_ms == (35.0,)
+    assert change.plan.warmup[0] > initial.warmup[0]  # more slack on the slow link (Alg. 2)
+    assert told.detector.links[0].slow and told.detector.links[0].planned_ms == 35.0
+    assert "link 0 slow: moved here; planning for 35 ms" in change.reasons[0]
+    assert told.assume_slow((0.0,), "nothing") is None
+    assert monitor(False).assume_slow((35.0,), "adaptation off") is None

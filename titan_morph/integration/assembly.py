@@ -26,10 +26,15 @@ from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from titan_morph.comm.clock import CommonClock, sync_clock
 from titan_morph.comm.transport import TorchTransport, Transport
-from titan_morph.integration.config import link_model_from_config, parse_rank_pairs, plan_delays, stage_times
-from titan_morph.integration.hybrid import HybridParallelDims, make_exchange, pipeline_hosts
+from titan_morph.integration.config import (
+    detect_rule,
+    link_model_from_config,
+    parse_rank_pairs,
+    plan_delays,
+    stage_times,
+)
+from titan_morph.integration.hybrid import HybridParallelDims, known_link_delays, make_exchange, pipeline_hosts
 from titan_morph.monitor.adapt import AdaptPolicy, Monitor
-from titan_morph.monitor.detect import DetectRule
 from titan_morph.monitor.replan import adapted_plan
 from titan_morph.monitor.topology import PipelineCost
 from titan_morph.pipelining.builders import build
@@ -225,13 +230,7 @@ def make_monitor(family: str, morph: Any, plan: Plan, stages: int, n_microbatche
     ``adapt`` (:func:`adapt_policy`). When the stage times are unknown, the initial plan is rebuilt
     from the times measured over the first ``profile_steps`` steps."""
     policy = adapt_policy(family, morph, stages)
-    rule = DetectRule(
-        detect_steps=morph.detect_consecutive,
-        recover_steps=morph.recover_consecutive,
-        margin=morph.detect_margin,
-        recover_ratio=morph.recover_ratio,
-        floor_ms=morph.detect_min_ms,
-    )
+    rule = detect_rule(morph)
     known = stage_times(morph, stages)
     planner = None
     if known is None and family == "pipemorph" and plan_delays(morph, stages - 1):
@@ -291,16 +290,26 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
         plan = initial_plan(family, morph, stages, req.n_microbatches)
         device_clock = prepare_stage(req)
         multi = stages > 1
-        transport = exchange = None
+        transport = exchange = monitor = None
         if multi:
             hybrid = isinstance(req.parallel_dims, HybridParallelDims)
             clock = sync_clock(None if hybrid else req.stage.group)  # DP x PP: one clock for the world
             transport = make_transport(req, clock, monitored=morph.monitor) or TorchTransport(clock.epoch)
             if morph.monitor:
+                monitor = make_monitor(family, morph, plan, stages, req.n_microbatches)
                 cost = pipeline_cost(family, morph, plan)
                 exchange = make_exchange(
                     req.job_config, req.stage.group, req.n_microbatches, clock.epoch, req.parallel_dims, cost
                 )
+            if monitor is not None and hybrid:  # slow pairs the orchestrator moved onto this pipeline
+                known = known_link_delays(req.stage.group)
+                why = "known before the first step (the orchestrator moved a slow pair onto it)"
+                change = monitor.assume_slow(known, why)
+                if change is not None:
+                    plan = change.plan
+                    transport.switch(change.switch)
+                    times, delegated = monitor.times.times(), sorted(transport.delegated())
+                    logger.warning("titan_morph: %s", change.describe(plan, times, delegated))
         return MorphSchedule(
             [req.stage],
             req.n_microbatches,
@@ -310,7 +319,7 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
             scale_grads=False,
             planned_depth=transport_depth(morph),
             predict=stage_times(morph, stages) is not None,
-            monitor=make_monitor(family, morph, plan, stages, req.n_microbatches) if morph.monitor and multi else None,
+            monitor=monitor,
             device_clock=device_clock,
             exchange=exchange,
         )

@@ -35,6 +35,7 @@ import tyro.conf
 from tyro.constructors import PrimitiveConstructorSpec
 
 from titan_morph.comm.collectives import PairDelays
+from titan_morph.monitor.detect import DetectRule
 from titan_morph.pipelining.links import (
     DIRECTIONS,
     LinkModel,
@@ -859,6 +860,18 @@ class _Windowed(LinkModel):
         if step < self.start_step or (self.end_step and step > self.end_step):
             return 0.0
         return self.inner.delay_ms(link, direction, t_ms, step)
+
+
+def detect_rule(morph: Morph, floor_ms: float | None = None) -> DetectRule:
+    """The detector's consensus rules (``detect_*``/``recover_*``); the floor is ``detect_min_ms``
+    unless ``floor_ms`` is given (DP pairs: ``dp_detect_min_ms``)."""
+    return DetectRule(
+        detect_steps=morph.detect_consecutive,
+        recover_steps=morph.recover_consecutive,
+        margin=morph.detect_margin,
+        recover_ratio=morph.recover_ratio,
+        floor_ms=morph.detect_min_ms if floor_ms is None else floor_ms,
+    )
 
 
 def pair_delays(inject: Inject) -> PairDelays | None:

@@ -36,9 +36,14 @@ from torch.distributed.device_mesh import DeviceMesh
 from torchtitan.distributed import ParallelDims
 
 from titan_morph.comm import collectives
-from titan_morph.integration.config import dp_degree, pair_delays, parse_rank_pairs
-from titan_morph.integration.relaunch import hosts_from_env, moves_before, relaunch_available, request_relaunch
-from titan_morph.monitor.detect import DetectRule
+from titan_morph.integration.config import detect_rule, dp_degree, pair_delays, parse_rank_pairs
+from titan_morph.integration.relaunch import (
+    hosts_from_env,
+    known_slow_pairs,
+    moves_before,
+    relaunch_available,
+    request_relaunch,
+)
 from titan_morph.monitor.topology import Layout, Move, PipelineCost, TopologyMonitor
 from titan_morph.runtime.hybrid import HybridExchange
 
@@ -48,6 +53,7 @@ __all__ = [
     "before_step",
     "finish_for_move",
     "is_hybrid",
+    "known_link_delays",
     "layout_of",
     "make_exchange",
     "parallel_dims_for",
@@ -75,6 +81,14 @@ def layout_of(job_config: Any) -> Layout:
 def pipeline_hosts(group: dist.ProcessGroup) -> list[int]:
     """The host of each stage of the pipeline ``group`` (its ranks, first stage first)."""
     return collectives.hosts(dist.get_process_group_ranks(group))
+
+
+def known_link_delays(group: dist.ProcessGroup) -> tuple[float, ...]:
+    """Per link of the pipeline ``group``: the planned delay of a host pair the orchestrator found
+    slow before this launch (0 = none known), for the pipeline scheduler (§6, Fig. 13 step 5)."""
+    known = known_slow_pairs()
+    hosts = pipeline_hosts(group)
+    return tuple(known.get((min(a, b), max(a, b)), 0.0) for a, b in zip(hosts, hosts[1:]))
 
 
 @contextlib.contextmanager
@@ -135,13 +149,7 @@ def make_exchange(
     if not isinstance(parallel_dims, HybridParallelDims):
         return None
     morph = job_config.morph
-    rule = DetectRule(
-        detect_steps=morph.detect_consecutive,
-        recover_steps=morph.recover_consecutive,
-        margin=morph.detect_margin,
-        recover_ratio=morph.recover_ratio,
-        floor_ms=morph.dp_detect_min_ms,
-    )
+    rule = detect_rule(morph, floor_ms=morph.dp_detect_min_ms)
     topology = TopologyMonitor(layout_of(job_config), rule, morph.orchestrator, cost)
     dp = parallel_dims.get_optional_mesh("fsdp")
     return HybridExchange(
@@ -197,6 +205,7 @@ def finish_for_move(trainer: Any) -> bool:
     logger.warning("titan_morph: %s; checkpointing step %d, restarting with the new rank order", move.describe(), step)
     _save_now(trainer.checkpointer, step)
     if dist.get_rank() == 0:
-        request_relaunch(move.new.hosts, step, exchange.moves_before + 1, move.describe())
+        slow = {**known_slow_pairs(), **move.slow}
+        request_relaunch(move.new.hosts, step, exchange.moves_before + 1, move.describe(), slow)
     dist.barrier()
     return True

@@ -4,16 +4,18 @@ rank order (the DP x PP orchestrator's moves; :func:`titan_morph.launch.supervis
 The supervisor sets ``$TITAN_MORPH_RELAUNCH_FILE`` for the ranks. After a move the ranks
 checkpoint, rank 0 writes the new host of every rank into that file (:func:`request_relaunch`) and
 all exit cleanly; the supervisor takes the request (:func:`take_request`) and starts the job again
-with ``$TITAN_MORPH_HOSTS`` (the host of each rank, read by :func:`hosts_from_env`) and
-``$TITAN_MORPH_TOPOLOGY_CHANGES`` (moves so far). Pure Python: the launcher imports it before any
-rank starts.
+with ``$TITAN_MORPH_HOSTS`` (the host of each rank, read by :func:`hosts_from_env`),
+``$TITAN_MORPH_TOPOLOGY_CHANGES`` (moves so far) and ``$TITAN_MORPH_SLOW_PAIRS`` (the host pairs
+measured slow and their planned delays, :func:`known_slow_pairs`: the pipeline scheduler of the
+relaunched run plans for the ones that now carry pipeline traffic). Pure Python: the launcher
+imports it before any rank starts.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,8 @@ __all__ = [
     "HOSTS_ENV",
     "MOVES_ENV",
     "RELAUNCH_ENV",
+    "SLOW_ENV",
+    "known_slow_pairs",
     "hosts_from_env",
     "relaunch_available",
     "request_relaunch",
@@ -33,6 +37,8 @@ MOVES_ENV = "TITAN_MORPH_TOPOLOGY_CHANGES"
 """Topology moves made before this launch."""
 RELAUNCH_ENV = "TITAN_MORPH_RELAUNCH_FILE"
 """Where rank 0 asks the supervisor for a relaunch."""
+SLOW_ENV = "TITAN_MORPH_SLOW_PAIRS"
+"""Host pairs measured slow before this launch with their planned delays: ``"0-1:35,2-5:10"``."""
 
 
 def hosts_from_env(world: int) -> tuple[int, ...] | None:
@@ -55,17 +61,39 @@ def moves_before() -> int:
     return int(os.environ.get(MOVES_ENV, "0") or 0)
 
 
+def known_slow_pairs() -> dict[tuple[int, int], float]:
+    """``$TITAN_MORPH_SLOW_PAIRS`` as {(a, b): ms} with a < b (empty when unset)."""
+    out = {}
+    for item in os.environ.get(SLOW_ENV, "").split(","):
+        if item.strip():
+            pair, _, ms = item.partition(":")
+            a, b = (int(h) for h in pair.split("-"))
+            out[(min(a, b), max(a, b))] = float(ms)
+    return out
+
+
+def slow_pairs_spec(pairs: Mapping[tuple[int, int], float]) -> str:
+    """The value of ``$TITAN_MORPH_SLOW_PAIRS`` for ``pairs``."""
+    normal = {(min(a, b), max(a, b)): ms for (a, b), ms in pairs.items()}
+    return ",".join(f"{a}-{b}:{ms:g}" for (a, b), ms in sorted(normal.items()))
+
+
 def relaunch_available() -> bool:
     """Whether a supervisor will restart the ranks on request."""
     return bool(os.environ.get(RELAUNCH_ENV))
 
 
-def request_relaunch(hosts: Sequence[int], step: int, moves: int, reason: str) -> None:
+def request_relaunch(
+    hosts: Sequence[int], step: int, moves: int, reason: str, slow: Mapping[tuple[int, int], float] | None = None
+) -> None:
     """Ask the supervisor to restart the job with ``hosts[r]`` running rank ``r`` once it exits
-    (call on one rank, after the checkpoint of ``step``); ``moves``: moves made so far."""
+    (call on one rank, after the checkpoint of ``step``); ``moves``: moves made so far; ``slow``:
+    every host pair known slow, with its planned delay."""
     path = Path(os.environ[RELAUNCH_ENV])
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"hosts": list(hosts), "step": step, "moves": moves, "reason": reason}))
+    request = {"hosts": list(hosts), "step": step, "moves": moves, "reason": reason}
+    request["slow"] = slow_pairs_spec(slow or {})
+    tmp.write_text(json.dumps(request))
     tmp.replace(path)
 
 
