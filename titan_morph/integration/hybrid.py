@@ -21,7 +21,9 @@ step, saves a full checkpoint (TorchTitan's DCP: model, optimizer, LR schedule, 
 step), logs the old and new layout, asks the launcher for a relaunch with the new host of every rank
 and stops. The relaunched ranks load the checkpoint: rank ``r`` keeps its stage and DP rank (so its
 shard of the state and its data order), only its host changed. Losses therefore continue exactly as
-without the move.
+without the move. The pairs measured slow travel with the relaunch: a pipeline whose link now
+carries one starts planned for its delay, the link delegated (Fig. 13 step 5; the schedule builder
+calls :func:`known_link_delays`).
 """
 
 from __future__ import annotations
@@ -127,9 +129,11 @@ class HybridParallelDims(ParallelDims):
 def parallel_dims_for(job_config: Any, dims: ParallelDims) -> ParallelDims:
     """``dims`` as :class:`HybridParallelDims` for DP x PP on gloo (after configuring the DP backend
     with the hosts and pair delays of this launch); unchanged otherwise."""
-    if not is_hybrid(job_config) or dist.get_backend() != "gloo":
+    if not is_hybrid(job_config):
+        return dims
+    if dist.get_backend() != "gloo":
         if parse_rank_pairs(job_config.morph.inject.rank_links):
-            logger.warning("titan_morph: [morph.inject] rank_links delay DP collectives only for DP x PP on gloo")
+            logger.warning("titan_morph: [morph.inject] rank_links delay DP collectives only on gloo (CPU)")
         return dims
     layout = layout_of(job_config)
     collectives.configure(layout.hosts, pair_delays(job_config.morph.inject))
