@@ -10,7 +10,8 @@ leave nothing behind.
 ``python -m titan_morph.launch check CONFIG.toml [overrides ...]``
     The checks alone (exit 0 or 2).
 ``python -m titan_morph.launch supervise -- COMMAND ...``
-    Runs a torchrun command so that nothing outlives it (used by :func:`torchrun_command`).
+    Runs a torchrun command so that nothing outlives it (used by :func:`torchrun_command`), and
+    restarts it when the ranks ask for a new rank order (below).
 ``python -m titan_morph.launch ngpu CONFIG.toml [overrides ...]``
     Prints the number of ranks the config needs (product of the parallel degrees).
 
@@ -24,6 +25,15 @@ What :func:`supervise` guarantees, after a run, a failed run or Ctrl-C:
   ``titan_morph.train`` asks for the same on every rank;
 * shared-memory segments ``/dev/shm/titan_morph_*`` created during the run that no live process
   maps or holds open any more are removed.
+
+Relaunch with a new rank order (the DP x PP orchestrator, :mod:`titan_morph.integration.hybrid`;
+the protocol is :mod:`titan_morph.integration.relaunch`). The supervisor gives the ranks
+``$TITAN_MORPH_RELAUNCH_FILE``. When the orchestrator moves hosts between ranks, the ranks
+checkpoint, rank 0 writes the new host of every rank there and they exit cleanly; the supervisor
+then starts torchrun again in the same run folder (``$TITAN_MORPH_RUN_ID`` is kept), with
+``$TITAN_MORPH_HOSTS`` naming each rank's host, ``$TITAN_MORPH_TOPOLOGY_CHANGES`` the moves made
+so far and ``$TITAN_MORPH_SLOW_PAIRS`` the pairs measured slow, and the ranks resume from the
+checkpoint. At most :data:`MAX_RELAUNCHES` times per run.
 """
 
 import contextlib
@@ -41,6 +51,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from titan_morph.integration.relaunch import HOSTS_ENV, MOVES_ENV, RELAUNCH_ENV, SLOW_ENV, take_request
+
 CONFIG_MODULE = "titan_morph.integration.config"
 TRAIN_MODULE = "titan_morph.train"
 DEGREES = (
@@ -55,6 +67,7 @@ SHM_PREFIX = "titan_morph_"
 STOP_GRACE_S = 10.0
 """Seconds stray processes get between SIGTERM and SIGKILL once torchrun has exited."""
 EXIT_BAD_CONFIG = 2
+MAX_RELAUNCHES = 8
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -463,11 +476,14 @@ def supervise(cmd: list[str], env: Mapping[str, str] | None = None) -> int:
     or 128 + the signal number when it was interrupted (130 for Ctrl-C).
 
     The first SIGINT/SIGTERM/SIGHUP is passed on to torchrun, which stops its ranks; a second one
-    kills everything at once.
+    kills everything at once. A clean exit with a relaunch request starts the command again.
     """
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     log_dir = tempfile.mkdtemp(prefix="titan_morph_torchrun_")
-    segments_before = shm_segments()
+    child_env = dict(os.environ if env is None else env)
+    child_env.setdefault("TITAN_MORPH_RUN_ID", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
+    request = Path(log_dir) / "relaunch.json"
+    child_env[RELAUNCH_ENV] = str(request)
     received: list[int] = []
     proc: subprocess.Popen | None = None
 
@@ -486,24 +502,45 @@ def supervise(cmd: list[str], env: Mapping[str, str] | None = None) -> int:
 
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {sig: signal.signal(sig, on_signal) for sig in handled}
+    launches = 0
     try:
-        proc = subprocess.Popen(
-            _with_log_dir(cmd, log_dir),
-            env=None if env is None else dict(env),
-            start_new_session=True,  # terminal signals reach this process only; it forwards them once
-            preexec_fn=die_with_parent,
-        )
-        while proc.poll() is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=0.5)
-        code = proc.returncode
+        while True:
+            segments_before = shm_segments()
+            try:
+                proc = subprocess.Popen(
+                    _with_log_dir(cmd, log_dir),
+                    env=child_env,
+                    start_new_session=True,  # terminal signals reach this process only; it forwards them once
+                    preexec_fn=die_with_parent,
+                )
+                while proc.poll() is None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=0.5)
+                code = proc.returncode
+            finally:
+                if proc is not None and proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                stop_descendants()
+                remove_stale_segments(segments_before)
+            wanted = take_request(request) if code == 0 and not received else None
+            if wanted is None:
+                break
+            if launches >= MAX_RELAUNCHES:
+                print(f"titan_morph.launch: not relaunching: {MAX_RELAUNCHES} relaunches already", file=sys.stderr)
+                break
+            launches += 1
+            child_env[HOSTS_ENV] = ",".join(str(h) for h in wanted["hosts"])
+            child_env[MOVES_ENV] = str(wanted["moves"])
+            child_env[SLOW_ENV] = wanted.get("slow", "")
+            print(
+                f"titan_morph.launch: relaunching after step {wanted['step']} with the host of each rank "
+                f"{wanted['hosts']} (topology move {wanted['moves']}): {wanted['reason']}",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        stop_descendants()
-        remove_stale_segments(segments_before)
         shutil.rmtree(log_dir, ignore_errors=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -95,6 +95,24 @@ def _make_trainer_class():
             finally:
                 super().close()
 
+        def init_distributed(self) -> Any:
+            """TorchTitan's ParallelDims; for DP x PP, with the DP groups on the DP backend."""
+            from titan_morph.integration.hybrid import parallel_dims_for
+
+            return parallel_dims_for(self.job_config, super().init_distributed())
+
+        def train_step(self, data_iterator: Any) -> None:
+            from titan_morph.integration.hybrid import before_step
+
+            before_step(self)
+            super().train_step(data_iterator)
+
+        def should_continue_training(self) -> bool:
+            """False also after a step that moved ranks (DP x PP): the run resumes, relaunched."""
+            from titan_morph.integration.hybrid import finish_for_move
+
+            return not finish_for_move(self) and super().should_continue_training()
+
         @staticmethod
         def _write_run_info(job_config: Any) -> None:
             import torch

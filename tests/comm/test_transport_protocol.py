@@ -124,7 +124,13 @@ def test_every_transport_implements_the_protocol(results: list[dict], kind: str)
         if kind in ("torch", "link"):  # no records, no delegated path
             assert r["records"] == [] and r["recv_record"] is None, r
         else:
-            path = {"recorded": "torch", "emulated": "emulated", "delegate": "delegate", "failover": "emulated", "auto": "torch"}
+            path = {
+                "recorded": "torch",
+                "emulated": "emulated",
+                "delegate": "delegate",
+                "failover": "emulated",
+                "auto": "torch",
+            }
             path = path[kind]
             assert r["records"] == [("recv", 0, theirs, 0, path), ("send", 0, mine, 0, path)], r
             assert r["recv_record"] == ("recv", 0, theirs) and r["recv_waited"], r

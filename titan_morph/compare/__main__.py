@@ -56,8 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if opts.scenario is None:
         parser.error("--scenario is required (see --list)")
     try:
-        variants = parse_variants(opts.variants)
         scenario = get_scenario(opts.scenario)
+        variants = parse_variants(opts.variants or scenario.variants)
         logdir = opts.logdir or Path("outputs") / "compare" / (opts.config.stem if opts.config else "simulator")
         plan = plan_comparison(
             opts.config,

@@ -64,6 +64,8 @@ def simulated_ms(job_config: Any, variant: Variant, skip: int) -> tuple[float | 
     stages = pp_degree(job_config)
     if stages < 2:
         return None, "no pipeline"
+    if morph.inject.rank_links:
+        return None, "slow rank pairs (DP x PP): the pipeline simulator does not model DP collectives"
     if stage_times(morph, stages) is None:
         return None, "compute times unknown (not the synthetic testbed, no stage_times_ms)"
     steps = int(job_config.training.steps)

@@ -9,7 +9,7 @@ the same delays.
 Paper references (PipeMorph, NSDI'26): Fig. 5/8 (§3.1, simulator only), Fig. 15 (delay sweep on
 the last link), Fig. 16 (first vs last link), Fig. 17 (several slow links), Fig. 18 (random
 N(30, 10) ms delays re-drawn at U(·) ms intervals, traces A/B/C), Table 3 / §7.5 (trace replay
-with a link going down).
+with a link going down), Fig. 19 / §7.3 (a slow pair of ranks inside a DP group, DP x PP).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from titan_morph.compare.variants import HYBRID_VARIANTS
 
 __all__ = [
     "Case",
@@ -62,6 +64,8 @@ class Scenario:
     """Training steps when ``--steps`` is not given (None: the harness default)."""
     sweep_axis: str | None = None
     """x-axis label of the summary plot over cases (None: a bar chart by case label)."""
+    variants: tuple[str, ...] | None = None
+    """Variants run when ``--variants`` is not given (None: the harness defaults)."""
 
 
 def _fmt(ms: float) -> str:
@@ -194,6 +198,33 @@ def _table3(num_links: int) -> tuple[Case, ...]:
     return (Case("", label, overrides),)
 
 
+FIG19_DELAYS = (0.0, 10.0, 20.0, 30.0)
+FIG19_PAIR = "0-1"
+"""Ranks 0 and 1: stage 0's DP group in TorchTitan's layout (pipeline outermost)."""
+
+
+def rank_pair_overrides(pair: str, delay_ms: float) -> tuple[str, ...]:
+    """``[morph.inject]`` overrides for one slow pair of ranks (0 ms: no injection at all)."""
+    if delay_ms <= 0:
+        return ("--morph.inject.mode", "none")
+    spec = ("--morph.inject.rank_links", pair, "--morph.inject.delays_ms", _fmt(delay_ms))
+    return ("--morph.inject.mode", "static", *spec, *_window())
+
+
+def _fig19(num_links: int) -> tuple[Case, ...]:
+    a, b = FIG19_PAIR.split("-")
+    return tuple(
+        Case(
+            f"{d:g}ms",
+            f"{d:g} ms between ranks {a} and {b} (stage 0's DP group)",
+            rank_pair_overrides(FIG19_PAIR, d),
+            None,
+            d,
+        )
+        for d in FIG19_DELAYS
+    )
+
+
 def _simulator_only(num_links: int) -> tuple[Case, ...]:
     return ()
 
@@ -220,6 +251,13 @@ SCENARIOS: dict[str, Scenario] = {
             "§7.5 / Table 3: trace replay with per-link delay events and a link going down",
             _table3,
             default_steps=30,
+        ),
+        Scenario(
+            "fig19",
+            "Fig. 19 (DP x PP): 0/10/20/30 ms between the two ranks of stage 0's DP group",
+            _fig19,
+            sweep_axis="delay (ms)",
+            variants=HYBRID_VARIANTS,
         ),
         Scenario(
             "fig5-8",

@@ -2,9 +2,12 @@
 
 The defaults mirror the paper's §7 line-up: torch's ``1F1B`` and ZeroBubble ``ZBH2`` on the
 default (blocking, NCCL-like) transport, ``PipeMorph-CPU`` (delegated transport of §5, no
-re-planning) and ``PipeMorph`` (``transport = auto`` + live re-planning, Alg. 2). Every variant
-is one torchrun job of ``titan_morph.train``; its overrides come before the scenario's and the
-user's, so a user override still wins.
+re-planning) and ``PipeMorph`` (``transport = auto`` + live re-planning, Alg. 2). For DP x PP
+(§7.3, Fig. 19) the orchestrator is part of the variant: ``ZBH2-nomove`` (ranks never move),
+``ZBH2-move`` (the slow DP pair moved onto a pipeline link, nothing else: Falcon-like) and
+``PipeMorph-move`` (the move, then re-planning and delegation). Every variant is one torchrun job
+of ``titan_morph.train``; its overrides come before the scenario's and the user's, so a user
+override still wins.
 """
 
 from __future__ import annotations
@@ -12,7 +15,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["Variant", "VARIANTS", "DEFAULT_VARIANTS", "UnknownVariantError", "parse_variants", "is_baseline"]
+__all__ = [
+    "Variant",
+    "VARIANTS",
+    "DEFAULT_VARIANTS",
+    "HYBRID_VARIANTS",
+    "UnknownVariantError",
+    "parse_variants",
+    "is_baseline",
+]
 
 
 class UnknownVariantError(ValueError):
@@ -31,6 +42,8 @@ class Variant:
     adapt: bool
     """``[morph] adapt``: live re-planning (Alg. 2 at step boundaries)."""
     description: str
+    extra: tuple[str, ...] = ()
+    """Further overrides of the variant (e.g. ``[morph] orchestrator``)."""
 
     @property
     def overrides(self) -> tuple[str, ...]:
@@ -41,6 +54,7 @@ class Variant:
             "--morph.transport",
             self.transport,
             "--morph.adapt" if self.adapt else "--morph.no-adapt",
+            *self.extra,
         )
 
     @property
@@ -49,8 +63,8 @@ class Variant:
         return self.schedule in ("1F1B", "GPipe")
 
 
-def _v(name: str, schedule: str, transport: str, adapt: bool, description: str) -> Variant:
-    return Variant(name, schedule, transport, adapt, description)
+def _v(name: str, schedule: str, transport: str, adapt: bool, description: str, *extra: str) -> Variant:
+    return Variant(name, schedule, transport, adapt, description, tuple(extra))
 
 
 VARIANTS: dict[str, Variant] = {
@@ -65,8 +79,30 @@ VARIANTS: dict[str, Variant] = {
         _v("PipeMorph-replan", "PipeMorph", "default", True, "re-planning (Alg. 2) without delegation"),
         _v("PipeMorph-CPU", "PipeMorph", "delegate", False, "delegated transport (§5) without re-planning"),
         _v("PipeMorph", "PipeMorph", "auto", True, "transport auto + live re-planning (the full system)"),
+        _v("ZBH2-nomove", "ZBH2", "default", False, "ZB-H2, ranks never moved", "--morph.orchestrator", "off"),
+        _v(
+            "ZBH2-move",
+            "ZBH2",
+            "default",
+            False,
+            "ZB-H2 after a slow DP pair is moved onto a pipeline link (Falcon-like)",
+            "--morph.orchestrator",
+            "pp",
+        ),
+        _v(
+            "PipeMorph-move",
+            "PipeMorph",
+            "auto",
+            True,
+            "the move, then re-planning and delegation (the full system of §6)",
+            "--morph.orchestrator",
+            "pp",
+        ),
     )
 }
+
+HYBRID_VARIANTS: tuple[str, ...] = ("ZBH2-nomove", "ZBH2-move", "PipeMorph-move")
+"""Fig. 19's line-up (DP x PP): baseline, move only, PipeMorph."""
 
 DEFAULT_VARIANTS: tuple[str, ...] = ("1F1B", "ZBH2", "PipeMorph-CPU", "PipeMorph")
 

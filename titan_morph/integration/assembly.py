@@ -8,8 +8,10 @@ A schedule builder (:mod:`.schedules`) gets a :class:`ScheduleRequest` and assem
 * the initial plan: PipeMorph's Alg. 1 warm-up under ``memory_budget`` (Alg. 2 for
   ``plan_delays_ms`` when given, + the search when ``search``), or a baseline's fixed warm-up;
 * the transport of ``[morph] transport`` with the ``[morph.inject]`` link emulator, on the
-  pipeline's common clock;
-* the testbed's padding (``[morph.synthetic]``) and the monitor's policy.
+  pipeline's common clock (the world's, for DP x PP);
+* the testbed's padding (``[morph.synthetic]``) and the monitor's policy;
+* for DP x PP, the world-wide exchange and the topology monitor (:mod:`.hybrid`), with this
+  pipeline's simulated step under link delays as the placement cost.
 """
 
 from __future__ import annotations
@@ -30,17 +32,21 @@ from titan_morph.comm.timeouts import CommTimeouts
 from titan_morph.comm.transport import TorchTransport, Transport
 from titan_morph.integration.config import (
     break_window,
+    detect_rule,
     link_model_from_config,
+    parse_rank_pairs,
     plan_delay_samples,
     plan_delays,
     stage_times,
 )
+from titan_morph.integration.hybrid import HybridParallelDims, known_link_delays, make_exchange, pipeline_hosts
 from titan_morph.monitor.adapt import AdaptPolicy, Monitor
-from titan_morph.monitor.detect import DetectRule
-from titan_morph.monitor.replan import search_iterations
+from titan_morph.monitor.replan import adapted_plan, search_iterations
+from titan_morph.monitor.topology import PipelineCost
 from titan_morph.pipelining.baselines import zbv_memory
 from titan_morph.pipelining.builders import V_SCHEDULES, build
 from titan_morph.pipelining.model import CostModel, Plan
+from titan_morph.pipelining.simulate import simulate
 from titan_morph.runtime.schedule import MorphSchedule
 from titan_morph.runtime.summary import summary_lines
 from titan_morph.runtime.testbed import DeviceClock, StageTimes, pad_stage_compute
@@ -203,9 +209,11 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
     job = req.job_config
     morph = job.morph
     stage = req.stage
-    # Transports name traffic by the link between adjacent ranks (a V's two legs share them).
+    # Transports name traffic by the link between adjacent ranks (a V's two legs share them);
+    # with rank_links the delays follow the hosts of this pipeline's ranks.
     ranks = stage.group_size
-    links = link_model_from_config(morph.inject, ranks - 1, steps=job.training.steps)
+    hosts = pipeline_hosts(stage.group) if parse_rank_pairs(morph.inject.rank_links) else None
+    links = link_model_from_config(morph.inject, ranks - 1, steps=job.training.steps, hosts=hosts)
     timeouts = CommTimeouts.of(job.comm)
     device = stage.device
     where = {"stage": stage.group_rank, "num_stages": ranks, "group": stage.group}
@@ -308,18 +316,28 @@ def adapt_policy(family: str, morph: Any, stages: int, memory_default: Any = Non
     )
 
 
+def pipeline_cost(family: str, morph: Any, plan: Plan) -> PipelineCost:
+    """This pipeline's simulated step (ms) when its links carry given delays: the plan it would run
+    then (Alg. 2 for them when PipeMorph adapts, else ``plan``'s fixed orders) on its transport. The
+    orchestrator's placement cost, the PP links' slackness included."""
+    policy = adapt_policy(family, morph, plan.model.stages)
+
+    def cost(delays: tuple[float, ...]) -> float:
+        model = plan.model.with_delays(delays)
+        if policy.enabled and any(delays):
+            adapted = adapted_plan(model.with_memory(policy.memory), search=False, depth=policy.depth, iterations=0)
+            return simulate(model, adapted.orders, depth=policy.depth).makespan
+        return simulate(model, plan.orders, depth=transport_depth(morph)).makespan
+
+    return cost
+
+
 def make_monitor(family: str, morph: Any, plan: Plan, stages: int, n_microbatches: int) -> Monitor:
     """The monitor of a titan_morph schedule (:func:`adapt_policy`): it measures every one. When the
     stage times are unknown, the initial plan is rebuilt from the times measured over the first
     ``profile_steps`` steps."""
     policy = adapt_policy(family, morph, stages, plan.model.memory)
-    rule = DetectRule(
-        detect_steps=morph.detect_consecutive,
-        recover_steps=morph.recover_consecutive,
-        margin=morph.detect_margin,
-        recover_ratio=morph.recover_ratio,
-        floor_ms=morph.detect_min_ms,
-    )
+    rule = detect_rule(morph)
     known = stage_times(morph, stages)
     planner = None
     if known is None and family in ("pipemorph", "pipemorph-v") and plan_delays(morph, plan.model.num_links):
@@ -414,10 +432,32 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
         plan = initial_plan(family, morph, stages, req.n_microbatches)
         device_clock = prepare_stage(req)
         multi = req.stage.group_size > 1
-        transport = None
+        transport = exchange = monitor = None
         if multi:
-            clock = sync_clock(req.stage.group)
+            hybrid = isinstance(req.parallel_dims, HybridParallelDims)
+            clock = sync_clock(None if hybrid else req.stage.group)  # DP x PP: one clock for the world
             transport = make_transport(req, clock, monitored=morph.monitor) or TorchTransport(clock.epoch)
+            if morph.monitor:
+                monitor = make_monitor(family, morph, plan, stages, req.n_microbatches)
+                cost = pipeline_cost(family, morph, plan)
+                exchange = make_exchange(
+                    req.job_config,
+                    req.stage.group,
+                    req.n_microbatches,
+                    clock.epoch,
+                    req.parallel_dims,
+                    cost,
+                    plan.model.stages_per_rank,
+                )
+            if monitor is not None and hybrid:  # slow pairs the orchestrator moved onto this pipeline
+                known = known_link_delays(req.stage.group)
+                why = "known before the first step (the orchestrator moved a slow pair onto it)"
+                change = monitor.assume_slow(known, why)
+                if change is not None:
+                    plan = change.plan
+                    transport.switch(change.switch)
+                    times, delegated = monitor.times.times(), sorted(transport.delegated())
+                    logger.warning("titan_morph: %s", change.describe(plan, times, delegated))
         return MorphSchedule(
             req.local_stages,
             req.n_microbatches,
@@ -427,8 +467,9 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
             scale_grads=False,
             planned_depth=transport_depth(morph),
             predict=stage_times(morph, stages) is not None,
-            monitor=make_monitor(family, morph, plan, stages, req.n_microbatches) if morph.monitor and multi else None,
+            monitor=monitor,
             device_clock=device_clock,
+            exchange=exchange,
         )
 
     build_schedule.__doc__ = f"titan_morph's {family} plan in MorphSchedule."

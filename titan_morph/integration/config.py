@@ -34,6 +34,8 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 import tyro.conf
 from tyro.constructors import PrimitiveConstructorSpec
 
+from titan_morph.comm.collectives import PairDelays
+from titan_morph.monitor.detect import DetectRule
 from titan_morph.pipelining.links import (
     DIRECTIONS,
     LinkModel,
@@ -45,9 +47,11 @@ from titan_morph.pipelining.links import (
 from titan_morph.pipelining.values import parse_list
 
 Transport = Literal["default", "delegate", "auto"]
+Orchestrator = Literal["off", "pp", "any"]
 InjectMode = Literal["none", "static", "random", "trace", "break"]
 InjectDirection = Literal["both", "fwd", "bwd"]
 TRANSPORTS: tuple[str, ...] = get_args(Transport)
+ORCHESTRATORS: tuple[str, ...] = get_args(Orchestrator)
 INJECT_MODES: tuple[str, ...] = get_args(InjectMode)
 INJECT_DIRECTIONS: tuple[str, ...] = get_args(InjectDirection)
 BUILTIN_TRACES = ("table3",)
@@ -92,12 +96,19 @@ class Per:
     """A list with ``width`` values per pipeline ``unit`` ("link": S-1 of them; "stage": S).
 
     One group of ``width`` values stands for every link/stage. An empty list means "not set"
-    unless ``required``.
+    unless ``required``. ``or_pairs``: when ``[morph.inject] rank_links`` names rank pairs, one value
+    per pair instead of per link.
     """
 
     unit: Literal["link", "stage"]
     width: int = 1
     required: bool = False
+    or_pairs: bool = False
+
+
+@dataclass(frozen=True)
+class RankPairs:
+    """A list of rank pairs ``"a-b"`` (two different ranks below the world size, no pair twice)."""
 
 
 _TRUE = ("true", "1", "yes", "on")
@@ -132,6 +143,56 @@ def _cli_list(kind: type) -> PrimitiveConstructorSpec:
         is_instance=lambda value: isinstance(value, (list, str)),
         str_from_instance=lambda value: [",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)],
     )
+
+
+def _cli_pairs() -> PrimitiveConstructorSpec:
+    """One command-line token ``A-B,C-D`` (kept raw; :func:`parse_rank_pairs` checks it with the key)."""
+    return PrimitiveConstructorSpec(
+        nargs=1,
+        metavar="A-B,C-D,...",
+        instance_from_str=lambda args: _coerce_pairs(args[0]),
+        is_instance=lambda value: isinstance(value, (list, str)),
+        str_from_instance=lambda value: [",".join(str(v) for v in value)],
+    )
+
+
+def _coerce_pairs(value: Any) -> Any:
+    """``"0-1,2-3"``, ``["0-1", "2-3"]`` or ``[[0, 1], [2, 3]]`` as ``["0-1", "2-3"]``; anything that
+    does not parse is returned unchanged (the validator reports it with the key)."""
+    try:
+        return [f"{a}-{b}" for a, b in parse_rank_pairs(value, "value")]
+    except (ValueError, TypeError):
+        return value
+
+
+def parse_rank_pairs(spec: Any, key: str = "morph.inject.rank_links") -> tuple[tuple[int, int], ...]:
+    """Rank pairs from ``"a-b,c-d"``, a list of ``"a-b"`` strings or a list of ``[a, b]`` lists.
+
+    Each element is two different integers >= 0 (:func:`~titan_morph.pipelining.values.parse_list`
+    with ``-`` as the separator); a pair may not appear twice (in either order).
+    """
+    if spec is None or (isinstance(spec, str) and not spec.strip()):
+        return ()
+    if isinstance(spec, str):
+        items: list[Any] = [part for part in spec.replace(";", ",").split(",")]
+    elif isinstance(spec, Sequence):
+        items = list(spec)
+    else:
+        raise ValueError(f"{key}: {spec!r} is not a list of rank pairs such as 0-1,2-3")
+    pairs: list[tuple[int, int]] = []
+    for item in items:
+        try:
+            a, b = parse_list(
+                item if isinstance(item, (str, list, tuple)) else str(item), int, name=key, sep="-", low=0
+            )
+        except ValueError as err:
+            raise ValueError(f"{key}: {item!r} is not a rank pair a-b of two ranks >= 0 ({err})") from None
+        if a == b:
+            raise ValueError(f"{key}: {item!r} joins rank {a} to itself; a pair needs two different ranks")
+        if (min(a, b), max(a, b)) in {(min(p), max(p)) for p in pairs}:
+            raise ValueError(f"{key}: pair {a}-{b} is listed twice")
+        pairs.append((a, b))
+    return tuple(pairs)
 
 
 Bool = Annotated[bool, tyro.conf.FlagConversionOff, _CLI_BOOL]
@@ -172,7 +233,8 @@ def _coerce_fields(obj: Any) -> None:
 # --------------------------------------------------------------------------------------------
 # The [morph] tables
 
-DelayList = Annotated[FloatList, Range(0, allow_inf=True, delay=True), Per("link")]
+DelayList = Annotated[FloatList, Range(0, allow_inf=True, delay=True), Per("link", or_pairs=True)]
+RankPairList = Annotated[list[str], _cli_pairs(), RankPairs()]
 PlanDelayList = Annotated[FloatList, Range(0, delay=True), Per("link")]
 StageMsList = Annotated[FloatList, Range(0), Per("stage", required=True)]
 
@@ -192,7 +254,15 @@ class Inject:
 
     delays_ms: DelayList = field(default_factory=list)
     """static mode: per-link delay in ms, e.g. [0, 0, 60] (one value per link; a single value
-    applies to every link; "inf" takes a link down). Bounded by the delay limit."""
+    applies to every link; "inf" takes a link down). Bounded by the delay limit. With
+    ``rank_links``: one value per rank pair (finite)."""
+
+    rank_links: RankPairList = field(default_factory=list)
+    """static mode: slow pairs of ranks ("hosts": one rank per host), e.g. "0-1" or "0-1,2-3".
+    Every kind of traffic that crosses a pair waits ``delays_ms`` (one value per pair): pipeline
+    sends between the two ranks and the data-parallel collectives whose ring uses the pair. The
+    ranks are the ones the run starts with; after a topology move they name the same hosts. []
+    = ``delays_ms`` are per pipeline link."""
 
     direction: InjectDirection = "both"
     """Which messages are delayed: both | fwd (activations i->i+1) | bwd (gradients i+1->i)."""
@@ -225,6 +295,7 @@ class Inject:
 
     def __post_init__(self) -> None:
         _coerce_fields(self)
+        self.rank_links = _coerce_pairs(self.rank_links)
 
 
 @dataclass
@@ -354,6 +425,19 @@ class Morph:
     delegate): 0 = none, the paper's §4.2 relaxation (activations may move to host memory). With
     the default transport adapted plans keep ``memory_budget``. Else >= the pipeline degree."""
 
+    orchestrator: Orchestrator = "off"
+    """DP x PP topology orchestrator (§6, Fig. 13): off (the rank layout never changes; DP
+    collective delays are still measured) | pp (a data-parallel pair of ranks detected slow is moved
+    onto a pipeline link, Falcon's re-assignment) | any (onto a pipeline link, or between two ranks
+    that exchange no traffic when the layout has such places). A move checkpoints the run and
+    ./run_train.sh's launcher restarts it with the new rank order. Acts only with DP x PP
+    (pipeline_parallel_degree and data_parallel_shard_degree > 1); there it needs a titan_morph
+    schedule, ``monitor`` and [checkpoint] enable = true."""
+
+    dp_detect_min_ms: Annotated[float, Range(0)] = 5.0
+    """Per-hop DP collective delays at or below this never count as slow (the DP pairs' Eq. 1
+    tolerance is 0: nothing absorbs a collective's delay)."""
+
     inject: Inject = field(default_factory=Inject)
     synthetic: Synthetic = field(default_factory=Synthetic)
 
@@ -434,8 +518,11 @@ class _Layout:
     stages: int | None = None
     delay_limit_ms: float | None = None
     stages_per_rank: int | None = 1
+    pairs: int | None = None  # rank pairs of [morph.inject] rank_links (per-pair lists)
 
     def count(self, per: Per) -> int | None:
+        if per.or_pairs and self.pairs:
+            return self.pairs
         if self.stages is None:
             return None
         if per.unit == "link":
@@ -466,7 +553,8 @@ def _list_values(key: str, value: Any, kind: type, rng: Range, per: Per | None, 
             raise _fail(key, value, f"needs at least {per.width} value(s)")
         return values
     groups = layout.count(per)
-    what = f"one per {per.unit}" if per.width == 1 else f"one group of {per.width} per {per.unit}"
+    unit = "rank pair" if per.or_pairs and layout.pairs else per.unit
+    what = f"one per {unit}" if per.width == 1 else f"one group of {per.width} per {unit}"
     if groups is None:
         if len(values) % per.width:
             raise _fail(key, value, f"needs a multiple of {per.width} values ({what}), got {len(values)}")
@@ -477,7 +565,7 @@ def _list_values(key: str, value: Any, kind: type, rng: Range, per: Per | None, 
         raise _fail(
             key,
             value,
-            f"needs {per.width} or {per.width * groups} values ({what}, {groups} {per.unit}s), got {len(values)}",
+            f"needs {per.width} or {per.width * groups} values ({what}, {groups} {unit}s), got {len(values)}",
         )
     return values
 
@@ -513,6 +601,11 @@ def _check_value(key: str, value: Any, ftype: Any, layout: _Layout) -> None:
     elif base is str:
         if not isinstance(value, str):
             raise _fail(key, value, "must be a string")
+    elif any(isinstance(m, RankPairs) for m in meta):
+        try:
+            parse_rank_pairs(value, key)
+        except ValueError as err:
+            raise MorphConfigError(str(err)) from None
     elif get_origin(base) is list:
         _list_values(key, value, get_args(base)[0], rng, per, layout)
 
@@ -571,16 +664,23 @@ def validate_morph(
     *,
     delay_limit_ms: float | None = None,
     stages_per_rank: int | None = 1,
+    world_size: int | None = None,
 ) -> None:
     """Check every ``[morph]`` option; raise one :class:`MorphConfigError` for the first bad one.
 
     ``pp_degree`` (ranks R, links R-1) enables the checks that depend on the pipeline layout
     (list lengths, link ids, memory budget); ``stages_per_rank`` (2 for a V schedule; None when
     unknown) sets how many values per-stage options take; ``delay_limit_ms`` bounds every injected
-    or planned delay (see :func:`delay_limit_ms`). Without them only layout-independent checks run.
+    or planned delay (see :func:`delay_limit_ms`); ``world_size`` bounds the ranks of
+    ``rank_links``. Without them only layout-independent checks run.
     """
-    layout = _Layout(pp_degree, delay_limit_ms, stages_per_rank)
+    try:
+        rank_pairs = parse_rank_pairs(morph.inject.rank_links)
+    except ValueError as err:
+        raise MorphConfigError(str(err)) from None
+    layout = _Layout(pp_degree, delay_limit_ms, stages_per_rank, pairs=len(rank_pairs) or None)
     _check_value("morph", morph, Morph, layout)  # every field against its type
+    _check_rank_links(morph.inject, rank_pairs, layout, world_size)
     stages = pp_degree or 1
     links = None if pp_degree is None else max(pp_degree - 1, 0)
 
@@ -643,6 +743,63 @@ def validate_morph(
         raise _fail("morph.synthetic.hidden", morph.synthetic.hidden, "must be a multiple of 16")
 
 
+def _check_rank_links(inj: Inject, pairs: tuple[tuple[int, int], ...], layout: _Layout, world: int | None) -> None:
+    """``rank_links``: ranks below the world size, static mode, both directions, finite delays."""
+    if not pairs:
+        return
+    key = "morph.inject.rank_links"
+    if world is not None:
+        for a, b in pairs:
+            if max(a, b) >= world:
+                raise _fail(key, inj.rank_links, f"names rank {max(a, b)}: ranks are 0..{world - 1} ({world} ranks)")
+    if inj.mode != "static":
+        raise _fail(key, inj.rank_links, f"needs mode = static (one delays_ms value per pair), got mode = {inj.mode!r}")
+    if inj.direction != "both":
+        raise _fail(key, inj.rank_links, "delays both directions of a pair: set direction = both")
+    delays = _values(inj, "delays_ms", layout, "morph.inject.delays_ms")
+    if any(math.isinf(d) for d in delays):
+        raise _fail("morph.inject.delays_ms", inj.delays_ms, "has inf: a rank pair cannot go down (finite delays)")
+
+
+def world_size_of(job_config: Any) -> int:
+    """Ranks of a job: the product of its parallel degrees (a shard degree of -1 counts as 1)."""
+    par = job_config.parallelism
+    size = 1
+    for name in ("pipeline_parallel_degree", "data_parallel_replicate_degree", "data_parallel_shard_degree"):
+        size *= max(int(getattr(par, name)), 1)
+    return size * max(int(par.tensor_parallel_degree), 1) * max(int(par.context_parallel_degree), 1)
+
+
+def dp_degree(job_config: Any) -> int:
+    """Data-parallel replicas of each pipeline stage (shard x replicate degrees; -1 counts as 1)."""
+    par = job_config.parallelism
+    return max(int(par.data_parallel_shard_degree), 1) * max(int(par.data_parallel_replicate_degree), 1)
+
+
+def _check_orchestrator(job_config: Any, morph: Morph) -> None:
+    """``orchestrator`` moves ranks of a DP x PP job through a checkpoint: it needs the monitor and a
+    titan_morph schedule (the one per-step exchange carries the DP measurements). Without DP x PP
+    there is nothing to move and the option has no effect."""
+    par = job_config.parallelism
+    if morph.orchestrator == "off" or par.pipeline_parallel_degree < 2 or dp_degree(job_config) < 2:
+        return
+    key, value = "morph.orchestrator", morph.orchestrator
+    if not morph.monitor:
+        raise _fail(key, value, "needs morph.monitor = true (the moves act on the monitor's DP measurements)")
+    if par.pipeline_parallel_schedule.lower() in ("1f1b", "gpipe"):
+        raise _fail(
+            key,
+            value,
+            f"needs a titan_morph schedule (PipeMorph, ZBH1, ZBH2, Morph1F1B), got {par.pipeline_parallel_schedule!r}",
+        )
+    if not job_config.checkpoint.enable:
+        raise _fail(
+            key,
+            value,
+            "needs [checkpoint] enable = true: the run is checkpointed and restarted with the new rank order",
+        )
+
+
 def microbatches(job_config: Any) -> int:
     """N = ``[training] local_batch_size`` / ``[parallelism] pipeline_parallel_microbatch_size``."""
     batch = job_config.training.local_batch_size
@@ -676,7 +833,14 @@ def validate_job_config(job_config: Any, stages_per_rank: int | None = 1) -> Mor
     par = job_config.parallelism
     stages = par.pipeline_parallel_degree if par.pipeline_parallel_degree > 1 else None
     n = microbatches(job_config)
-    validate_morph(morph, stages, delay_limit_ms=delay_limit_ms(job_config), stages_per_rank=stages_per_rank)
+    validate_morph(
+        morph,
+        stages,
+        delay_limit_ms=delay_limit_ms(job_config),
+        stages_per_rank=stages_per_rank,
+        world_size=world_size_of(job_config),
+    )
+    _check_orchestrator(job_config, morph)
     name = par.pipeline_parallel_schedule
     if stages is not None and name.lower() in (s.lower() for s in ONE_MICROBATCH_PER_STAGE) and n < stages:
         raise _fail(
@@ -765,14 +929,45 @@ class _Windowed(LinkModel):
         return self.inner.delay_ms(link, direction, t_ms, step)
 
 
-def link_model_from_config(inject: Inject, num_links: int, steps: int = 200) -> LinkModel | None:
+def detect_rule(morph: Morph, floor_ms: float | None = None) -> DetectRule:
+    """The detector's consensus rules (``detect_*``/``recover_*``); the floor is ``detect_min_ms``
+    unless ``floor_ms`` is given (DP pairs: ``dp_detect_min_ms``)."""
+    return DetectRule(
+        detect_steps=morph.detect_consecutive,
+        recover_steps=morph.recover_consecutive,
+        margin=morph.detect_margin,
+        recover_ratio=morph.recover_ratio,
+        floor_ms=morph.detect_min_ms if floor_ms is None else floor_ms,
+    )
+
+
+def pair_delays(inject: Inject) -> PairDelays | None:
+    """The host-pair delays of ``rank_links`` (None when no pair is named or mode = none)."""
+    pairs = parse_rank_pairs(inject.rank_links)
+    if not pairs or inject.mode == "none":
+        return None
+    delays = _values(inject, "delays_ms", _Layout(pairs=len(pairs)), "morph.inject.delays_ms")
+    return PairDelays(dict(zip(pairs, delays)), inject.start_step, inject.end_step)
+
+
+def link_model_from_config(
+    inject: Inject, num_links: int, steps: int = 200, hosts: Sequence[int] | None = None
+) -> LinkModel | None:
     """The injected-delay model of ``[morph.inject]`` for ``num_links`` links (None when mode = none).
 
-    ``steps`` (the run's training steps) rescales the built-in Table 3 trace onto the run.
+    ``steps`` (the run's training steps) rescales the built-in Table 3 trace onto the run. With
+    ``rank_links``, ``hosts`` (the host of each stage of this pipeline, first to last) gives link
+    ``i`` the delay of the pair (hosts[i], hosts[i+1]).
     """
     layout = _Layout(num_links + 1)
     if inject.mode in ("none", "break"):  # break mode fails the real path: no modelled delays
         return None
+    pairs = pair_delays(inject)
+    if pairs is not None:
+        if hosts is None or len(hosts) != num_links + 1:
+            raise ValueError(f"rank_links: the hosts of the pipeline's {num_links + 1} stages are needed, got {hosts}")
+        delays = tuple(pairs.delays.get((min(a, b), max(a, b)), 0.0) for a, b in zip(hosts, hosts[1:]))
+        return _Windowed(StaticDelays(delays), inject.start_step, inject.end_step, inject.direction)
     if inject.mode == "static":
         inner: LinkModel = StaticDelays(_values(inject, "delays_ms", layout, "morph.inject.delays_ms"))
     elif inject.mode == "random":

@@ -65,3 +65,24 @@ def adapt_torchtitan_to_cpu() -> bool:
     cpu.current_device = lambda: 0
     _applied = True
     return True
+
+
+def adapt_fsdp_to_gloo(module: Any) -> int:
+    """FSDP2 on gloo: reduce gradients with a plain SUM. Returns the FSDP modules changed.
+
+    FSDP2 reduce-scatters gradients with ``ReduceOp.PREMUL_SUM`` (its divide factor folded into the
+    reduction), which gloo refuses. ``set_force_sum_reduction_for_comms(True)`` makes it reduce
+    with SUM and apply the factor before/after instead; TorchTitan sets the divide factor to 1
+    (the loss is already normalised by the global token count), so the result is the same sum.
+    Only applied while the CPU adaptation is active: on GPUs NCCL runs PREMUL_SUM unchanged.
+    """
+    if not _applied:
+        return 0
+    from torch.distributed.fsdp import FSDPModule
+
+    changed = 0
+    for sub in module.modules():
+        if isinstance(sub, FSDPModule):
+            sub.set_force_sum_reduction_for_comms(True)
+            changed += 1
+    return changed

@@ -21,6 +21,7 @@ from torchtitan.protocols.train_spec import TrainSpec, get_train_spec, register_
 from torchtitan.tools.logging import logger
 
 from titan_morph.integration.config import microbatches
+from titan_morph.integration.cpu import adapt_fsdp_to_gloo
 from titan_morph.integration.metrics import build_morph_metrics_processor
 from titan_morph.integration.schedules import ScheduleRequest, build_schedule, schedule_placement
 
@@ -104,6 +105,7 @@ def pipeline_stages(
     stages, model_parts = pipeline_module_split(model, pp_mesh, _SPLIT_AS[placement], device, names)
     for i, part in enumerate(model_parts):
         part = parallelize_fn(part, parallel_dims, job_config)
+        adapt_fsdp_to_gloo(part)
         model_parts[i] = part
         stages[i].submod = part
 

@@ -130,6 +130,21 @@ class Monitor:
             self.changes.append(change)
         return change
 
+    def assume_slow(self, delays_ms: Sequence[float], reason: str) -> Change | None:
+        """Links known to be slow before the first step, at ``delays_ms`` per link (0 = healthy): the
+        orchestrator moved a measured slow pair of ranks onto them and tells the scheduler (§6,
+        Fig. 13 step 5). They are marked slow as if detected, and the change plans for them (None
+        when nothing is slow or adaptation is off). Call before the first :meth:`observe`."""
+        slow = tuple(i for i, d in enumerate(delays_ms) if d > 0)
+        if not slow or not self.policy.enabled:
+            return None
+        for i in slow:
+            self.detector.links[i].slow, self.detector.links[i].planned_ms = True, float(delays_ms[i])
+        reasons = tuple(f"link {i} slow: {reason}; planning for {delays_ms[i]:g} ms" for i in slow)
+        change = self._adapt(Decision(0, self.detector.planned_ms, slow, slow, (), reasons))
+        self.changes.append(change)
+        return change
+
     def _profiled_initial_plan(self, active: Plan) -> Change | None:
         t0 = time.monotonic()
         plan = self.initial_planner(self.times.model(self.microbatches))  # type: ignore[misc]

@@ -89,7 +89,7 @@ class StepExchange:
 
     def gather(self, prof: StepProfile) -> list[StepProfile]:
         """Every rank's profile of this step, ordered by rank; checks that they ran one plan."""
-        mine = torch.tensor(encode(prof, self.microbatches, self.stages_per_rank), dtype=torch.float64)
+        row = encode(prof, self.microbatches, self.stages_per_rank)
         if prof.dropped:
             logger.warning(
                 "titan_morph: stage %d step %d: %d message stamps did not fit the exchange row",
@@ -97,14 +97,20 @@ class StepExchange:
                 prof.step,
                 prof.dropped,
             )
-        rows = [torch.empty(self.width, dtype=torch.float64) for _ in range(self.size)]
-        dist.all_gather(rows, mine, group=self.group)
-        profiles = sorted((decode(r.tolist(), self.stages_per_rank) for r in rows), key=lambda p: p.stage)
+        rows = self.all_gather(row, prof.step)
+        profiles = sorted((decode(r, self.stages_per_rank) for r in rows), key=lambda p: p.stage)
         plans = {p.plan for p in profiles}
         if len(plans) != 1:
             ran = ", ".join(f"stage {p.stage}: {p.plan:012x}" for p in profiles)
             raise PlanMismatchError(f"step {prof.step + 1}: pipeline stages ran different plans ({ran})")
         return profiles
+
+    def all_gather(self, row: list[float], step: int) -> list[list[float]]:
+        """The collective itself: every stage's row (``step``: the 0-based step they describe)."""
+        mine = torch.tensor(row, dtype=torch.float64)
+        rows = [torch.empty(self.width, dtype=torch.float64) for _ in range(self.size)]
+        dist.all_gather(rows, mine, group=self.group)
+        return [r.tolist() for r in rows]
 
     def agree(self, plan_id: str) -> None:
         """Collective: raise :class:`PlanMismatchError` on every rank unless all hold ``plan_id``."""

@@ -36,6 +36,7 @@ from titan_morph.pipelining.simulate import simulate
 from titan_morph.runtime.actions import to_actions
 from titan_morph.runtime.exchange import PlanMismatchError, StepExchange, step_profile
 from titan_morph.runtime.metrics import (
+    MetricsSource,
     TimelineRenderer,
     pipeline_metrics,
     pipeline_ms,
@@ -92,6 +93,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
         monitor: detection and re-planning, fed by the per-step exchange (None: measure only).
         device_clock: the testbed's clock of this stage, when its ops are padded (op times are then
             device times, as CUDA events would measure them).
+        exchange: the per-step exchange (None: a :class:`StepExchange` over the pipeline's ranks;
+            DP x PP passes one over the whole world, :class:`~titan_morph.runtime.hybrid.HybridExchange`).
     """
 
     def __init__(
@@ -107,6 +110,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         predict: bool = False,
         monitor: Monitor | None = None,
         device_clock: DeviceClock | None = None,
+        exchange: StepExchange | None = None,
         **kwargs: Any,
     ) -> None:
         per_rank = plan.model.stages_per_rank
@@ -152,7 +156,9 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self._produced_at: float | None = None
         self._stage_index = stage.group_rank  # this rank's row in the exchange
         self._is_last = any(st.is_last for st in stages)  # in the V the last stage runs on rank 0
-        self._exchange = StepExchange(group, n_microbatches, per_rank) if distributed else None
+        if exchange is None and distributed:
+            exchange = StepExchange(group, n_microbatches, per_rank)
+        self._exchange = exchange
         self._timeline = TimelineRenderer()
         for st in stages:
             self._instrument(st, per_stage=per_rank > 1)
@@ -194,6 +200,16 @@ class MorphSchedule(_PipelineScheduleRuntime):
         """Whether this rank runs the last stage (the one TorchTitan logs the loss from; rank 0 in the V)."""
         return self._is_last
 
+    @property
+    def exchange(self) -> StepExchange | None:
+        """The per-step exchange (None on a single rank)."""
+        return self._exchange
+
+    def set_step(self, step: int) -> None:
+        """The next ``step()`` is training step ``step`` (TorchTitan's count, from 1). A run resumed
+        from a checkpoint calls it so that step-keyed injection windows and records keep counting."""
+        self._steps = step - 1
+
     # ------------------------------------------------------------- figures
     def tensorboard_metrics(self, step: int) -> dict[str, float]:
         """Scalars about the last step for TorchTitan's metrics processor (the README lists them)."""
@@ -203,6 +219,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
         out = record_metrics(rec, self.plan, self.plan_changes, self.planned_bubble_rate)
         out.update(pipeline_metrics(self.profiles, self.pp_group_size))
         out["morph/monitor_ms"] = self.monitor_ms
+        if isinstance(self._exchange, MetricsSource):  # e.g. the DP x PP exchange's topology figures
+            out.update(self._exchange.tensorboard_metrics(step))
         if self.monitor is not None:
             out.update(self.monitor.metrics(self.transport.delegated()))
         if self.predict and self._is_last and self.profiles:

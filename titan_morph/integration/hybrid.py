@@ -1,0 +1,217 @@
+"""DP x PP in TorchTitan: the DP groups on the emulating backend, the world-wide exchange, and the
+orchestrator's moves applied through a checkpoint and a relaunch with a new rank order.
+
+Hosts. One rank runs per host. ``./run_train.sh``'s launcher (:func:`titan_morph.launch.supervise`)
+starts the ranks in the identity order and, after a move, restarts them with the host of every rank
+in ``$TITAN_MORPH_HOSTS``; a process keeps its host for its lifetime, as a real one would. Here all
+ranks share one machine, so the host of a rank matters only to the emulated links: ``[morph.inject]
+rank_links`` are host pairs (:func:`~titan_morph.integration.config.pair_delays`), applied to the
+pipeline sends between the two hosts (the link emulator, per pipeline) and to the DP collectives
+whose ring uses the pair (:mod:`titan_morph.comm.collectives`).
+
+Mesh. :class:`HybridParallelDims` is TorchTitan's ParallelDims with the data-parallel mesh
+dimensions (``batch``, ``fsdp``, ``dp_replicate``, ``efsdp`` and the flattened ``loss`` mesh) created
+on the DP backend, so FSDP's all-gathers and reduce-scatters, the gradient-norm and loss
+all-reduces all run through it; the pipeline and world groups stay on gloo. This needs gloo (the CPU
+adaptation): on GPUs the DP groups stay NCCL and are neither delayed nor measured.
+
+Moves. Every rank's :class:`~titan_morph.runtime.hybrid.HybridExchange` reaches the same
+:class:`~titan_morph.monitor.topology.Move` after the same step. The trainer then finishes that
+step, saves a full checkpoint (TorchTitan's DCP: model, optimizer, LR schedule, dataloader position,
+step), logs the old and new layout, asks the launcher for a relaunch with the new host of every rank
+and stops. The relaunched ranks load the checkpoint: rank ``r`` keeps its stage and DP rank (so its
+shard of the state and its data order), only its host changed. Losses therefore continue exactly as
+without the move. The pairs measured slow travel with the relaunch: a pipeline whose link now
+carries one starts planned for its delay, the link delegated (Fig. 13 step 5; the schedule builder
+calls :func:`known_link_delays`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torchtitan.distributed import ParallelDims
+
+from titan_morph.comm import collectives
+from titan_morph.integration.config import detect_rule, dp_degree, pair_delays, parse_rank_pairs
+from titan_morph.integration.relaunch import (
+    hosts_from_env,
+    known_slow_pairs,
+    moves_before,
+    relaunch_available,
+    request_relaunch,
+)
+from titan_morph.monitor.topology import Layout, Move, PipelineCost, TopologyMonitor
+from titan_morph.runtime.hybrid import HybridExchange
+
+__all__ = [
+    "DP_MESH_DIMS",
+    "HybridParallelDims",
+    "before_step",
+    "finish_for_move",
+    "is_hybrid",
+    "known_link_delays",
+    "layout_of",
+    "make_exchange",
+    "parallel_dims_for",
+    "pipeline_hosts",
+]
+
+logger = logging.getLogger(__name__)
+
+DP_MESH_DIMS = ("batch", "fsdp", "dp_replicate", "efsdp")
+LOSS_MESH = "loss_mesh"
+
+
+def is_hybrid(job_config: Any) -> bool:
+    """DP x PP: more than one pipeline stage and more than one data-parallel replica."""
+    return job_config.parallelism.pipeline_parallel_degree > 1 and dp_degree(job_config) > 1
+
+
+def layout_of(job_config: Any) -> Layout:
+    """The rank layout this launch runs: stages x replicas, hosts from the launcher (identity)."""
+    stages, replicas = job_config.parallelism.pipeline_parallel_degree, dp_degree(job_config)
+    hosts = hosts_from_env(stages * replicas)
+    return Layout(stages, replicas, hosts) if hosts is not None else Layout.identity(stages, replicas)
+
+
+def pipeline_hosts(group: dist.ProcessGroup) -> list[int]:
+    """The host of each stage of the pipeline ``group`` (its ranks, first stage first)."""
+    return collectives.hosts(dist.get_process_group_ranks(group))
+
+
+def known_link_delays(group: dist.ProcessGroup) -> tuple[float, ...]:
+    """Per link of the pipeline ``group``: the planned delay of a host pair the orchestrator found
+    slow before this launch (0 = none known), for the pipeline scheduler (§6, Fig. 13 step 5)."""
+    known = known_slow_pairs()
+    hosts = pipeline_hosts(group)
+    return tuple(known.get((min(a, b), max(a, b)), 0.0) for a, b in zip(hosts, hosts[1:]))
+
+
+@contextlib.contextmanager
+def _dp_dims_on(backend: str) -> Iterator[None]:
+    """While TorchTitan builds its meshes, create the DP dimensions (and the loss mesh) on
+    ``backend``: its ``build_mesh`` passes only ``fake`` overrides (for size-1 dimensions)."""
+    unflatten, flatten = DeviceMesh._unflatten, DeviceMesh._flatten
+
+    def _unflatten(mesh: DeviceMesh, dim: Any, sizes: Any, names: Any, backend_override: Any = None) -> DeviceMesh:
+        override = dict(backend_override or {})
+        for name, size in zip(names, sizes):
+            if name in DP_MESH_DIMS and size > 1 and name not in override:
+                override[name] = backend
+        return unflatten(mesh, dim, sizes, names, backend_override=override)
+
+    def _flatten(mesh: DeviceMesh, mesh_dim_name: str | None = None, backend_override: Any = None) -> DeviceMesh:
+        if mesh_dim_name == LOSS_MESH and backend_override is None:
+            backend_override = backend
+        return flatten(mesh, mesh_dim_name, backend_override=backend_override)
+
+    DeviceMesh._unflatten, DeviceMesh._flatten = _unflatten, _flatten  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        DeviceMesh._unflatten, DeviceMesh._flatten = unflatten, flatten  # type: ignore[method-assign]
+
+
+class HybridParallelDims(ParallelDims):
+    """TorchTitan's ParallelDims whose data-parallel dimensions run on the DP backend."""
+
+    def build_mesh(self) -> DeviceMesh:
+        with _dp_dims_on(collectives.register()):
+            return super().build_mesh()
+
+
+def parallel_dims_for(job_config: Any, dims: ParallelDims) -> ParallelDims:
+    """``dims`` as :class:`HybridParallelDims` for DP x PP on gloo (after configuring the DP backend
+    with the hosts and pair delays of this launch); unchanged otherwise."""
+    if not is_hybrid(job_config):
+        return dims
+    if dist.get_backend() != "gloo":
+        if parse_rank_pairs(job_config.morph.inject.rank_links):
+            logger.warning("titan_morph: [morph.inject] rank_links delay DP collectives only on gloo (CPU)")
+        return dims
+    layout = layout_of(job_config)
+    collectives.configure(layout.hosts, pair_delays(job_config.morph.inject))
+    names = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp", "world_size")
+    return HybridParallelDims(**{name: getattr(dims, name) for name in names})
+
+
+def make_exchange(
+    job_config: Any,
+    pipeline_group: dist.ProcessGroup,
+    microbatches: int,
+    epoch: float,
+    parallel_dims: Any,
+    cost: PipelineCost | None,
+    stages_per_rank: int = 1,
+) -> HybridExchange | None:
+    """The world-wide exchange of a DP x PP run on the DP backend (None otherwise)."""
+    if not isinstance(parallel_dims, HybridParallelDims):
+        return None
+    morph = job_config.morph
+    rule = detect_rule(morph, floor_ms=morph.dp_detect_min_ms)
+    topology = TopologyMonitor(layout_of(job_config), rule, morph.orchestrator, cost)
+    dp = parallel_dims.get_optional_mesh("fsdp")
+    return HybridExchange(
+        pipeline_group,
+        microbatches,
+        topology=topology,
+        epoch=epoch,
+        dp_group=dp.get_group() if dp is not None else None,
+        moves_before=moves_before(),
+        stages_per_rank=stages_per_rank,
+    )
+
+
+def _exchange_of(trainer: Any) -> HybridExchange | None:
+    schedule = getattr(trainer, "pp_schedule", None)
+    exchange = getattr(schedule, "exchange", None)
+    return exchange if isinstance(exchange, HybridExchange) else None
+
+
+def before_step(trainer: Any) -> None:
+    """Tell the DP backend and the schedule which training step runs now (also after a resume)."""
+    collectives.set_step(trainer.step)
+    schedule = getattr(trainer, "pp_schedule", None)
+    set_step: Callable[[int], None] | None = getattr(schedule, "set_step", None)
+    if set_step is not None:
+        set_step(trainer.step)
+
+
+def _save_now(checkpointer: Any, step: int) -> None:
+    """A full checkpoint of ``step`` through TorchTitan's own save (its interval made 1 for it)."""
+    interval = checkpointer.interval
+    checkpointer.interval = 1
+    try:
+        checkpointer.save(step, last_step=False)
+    finally:
+        checkpointer.interval = interval
+
+
+def finish_for_move(trainer: Any) -> bool:
+    """After a step: when the orchestrator decided a move, checkpoint, ask for the relaunch and return
+    True (training stops here and resumes in the new layout); else False."""
+    exchange = _exchange_of(trainer)
+    move: Move | None = exchange.move if exchange is not None else None
+    if move is None or exchange is None or exchange.applied:
+        return False
+    exchange.applied = True
+    step, last = trainer.step, trainer.job_config.training.steps
+    if step >= last:
+        logger.warning("titan_morph: %s; not applied: it was the last step", move.describe())
+        return False
+    if not relaunch_available():
+        logger.warning("titan_morph: %s; not applied: no launcher to restart the ranks", move.describe())
+        return False
+    logger.warning("titan_morph: %s; checkpointing step %d, restarting with the new rank order", move.describe(), step)
+    _save_now(trainer.checkpointer, step)
+    if dist.get_rank() == 0:
+        slow = {**known_slow_pairs(), **move.slow}
+        request_relaunch(move.new.hosts, step, exchange.moves_before + 1, move.describe(), slow)
+    dist.barrier()
+    return True
