@@ -184,6 +184,7 @@ def test_swap_restored_after_exception_in_real_step():
 
 def test_emulator_rejects_bad_settings_with_clear_errors():
     from titan_morph.comm import EmulatedTransport, TorchTransport
+    from titan_morph.comm.timeouts import CommTimeouts
     from titan_morph.pipelining.links import StaticDelays
 
     def make(**kw):
@@ -197,7 +198,7 @@ def test_emulator_rejects_bad_settings_with_clear_errors():
         make(stage=2)
     with pytest.raises(ValueError, match="depth must be >= 1"):
         make(depth=0)
-    with pytest.raises(ValueError, match="timeout_s must be a finite number"):
-        make(timeout_s=float("inf"))
+    with pytest.raises(ValueError, match=r"CommTimeouts.train_s must be a finite number of seconds > 0"):
+        make(timeouts=CommTimeouts(train_s=float("inf")))
     with pytest.raises(RuntimeError, match="needs torch.distributed to be initialized"):
         make()

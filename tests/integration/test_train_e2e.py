@@ -45,7 +45,7 @@ def test_run_train_sh_default_config(tmp_path, no_leftovers):
     no_leftovers(dump)
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 ranks: also in test_schedule_losses
 def test_losses_equal_stock_llama3_pipelining(tmp_path, ranks, no_leftovers):
     """llama3_morph (one stage per rank, our pipelining_fn) == TorchTitan's llama3 path, same 1F1B/seed/data."""
     common = ("--training.steps", "3", "--parallelism.pipeline_parallel_schedule", "1F1B")

@@ -101,7 +101,7 @@ def _run(mode: str, world: int) -> list[dict]:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_morph_schedules_match_torch_1f1b_bit_for_bit(world: int) -> None:
     reference = _run("torch-1f1b", world)
     for mode in ("zb-h1", "zb-h2", "pipemorph", "replan"):

@@ -65,7 +65,9 @@ PATH_ERRORS = (LinkDownError, LinkFailedError, DelegateError)
 STORE_PREFIX = "titan_morph/failover"
 WATCH_S = 0.1  # how often the watcher looks for the peer's notices
 SETTLE_S = 0.05  # how long a receive on a failed path may take to show it is complete
-PROBE_TIMEOUT_S = 5.0  # bound of one probe (making the group, one exchange); also of close() joining a prober
+PROBE_TIMEOUT_S = (
+    5.0  # bound of each of a probe's two waits (making the group and exchanging on it; the peer's verdict)
+)
 _instances = itertools.count()
 
 
@@ -598,6 +600,11 @@ class FailoverTransport:
                     return
             attempt += 1
             group = self.pairs.probe(link, f"{gen}.{attempt}", timeout)
+            with self._lock:
+                if self._closed:  # the peer may be gone: do not wait for its verdict
+                    if group is not None:
+                        group.break_("transport closed")
+                    return
             base = f"{self._ns}/probe/{link}/{gen}/{attempt}"
             try:
                 self._store.set(f"{base}/{self.stage}", "1" if group is not None else "0")
@@ -681,8 +688,10 @@ class FailoverTransport:
             self.primary.close(timeout, drain)
         finally:
             self.delegate.close(timeout, drain)
-        for t in self._threads:  # a prober may be inside a probe (C++): let it finish, bounded
+        for t in self._threads:
             if t is not threading.current_thread():
+                # a prober may be inside one probe's group creation (C++, bounded): let it finish, so
+                # that no thread is inside torch.distributed when the process groups are destroyed
                 t.join(PROBE_TIMEOUT_S + 1.0 if t.name.startswith("titan_morph-probe") else 2.0)
 
     def __enter__(self) -> FailoverTransport:

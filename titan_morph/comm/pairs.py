@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from titan_morph.comm.records import MessageRecord
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
-from titan_morph.comm.transport import DefaultPathOnly, Handle, TorchTransport, classify_op
+from titan_morph.comm.transport import Handle, TorchTransport, classify_op
 
 __all__ = ["BreakPlan", "LinkFailedError", "LinkGroups", "LinkTransport", "PairGroup"]
 
@@ -278,37 +278,27 @@ class _LinkHandle:
         return bool(self.work.is_completed())
 
 
-class LinkTransport(DefaultPathOnly):
+class LinkTransport(TorchTransport):
     """The default path on per-link groups: each pipeline op is issued on its link's group (other
-    groups' ops go to torch unchanged). Keeps no records (wrap it in ``RecordedTransport``)."""
-
-    name = "default"
-    links = None
-    depth = None
+    groups' ops go to torch unchanged). Keeps no records (wrap it in ``RecordedTransport``); the
+    per-link groups belong to :class:`LinkGroups`, so closing it stops nothing."""
 
     def __init__(
         self, groups: LinkGroups, *, group: dist.ProcessGroup | None = None, epoch: float | None = None
     ) -> None:
+        super().__init__(epoch)
         self.groups = groups
         self.timeouts = groups.timeouts
         self.stage, self.num_stages = groups.stage, groups.num_stages
-        self.epoch = time.monotonic() if epoch is None else float(epoch)
         self._group_name = (group if group is not None else dist.group.WORLD).group_name
-        self._passthrough = TorchTransport(self.epoch)
-
-    def now_ms(self) -> float:
-        return (time.monotonic() - self.epoch) * 1e3
 
     def set_step(self, step: int) -> None:
         self.groups.set_step(step)
 
-    def hint_issue(self, t_s: float, max_early_ms: float = 2.0) -> None:
-        pass
-
     def batch_p2p(self, ops: list[dist.P2POp], desc: str | None = None) -> list[Handle]:
         mine = [op for op in ops if op.group.group_name == self._group_name]
         others = [op for op in ops if op.group.group_name != self._group_name]
-        handles: list[Handle] = self._passthrough.batch_p2p(others, desc) if others else []
+        handles: list[Handle] = super().batch_p2p(others, desc) if others else []
         for op in mine:
             lo = classify_op(op, self.stage, self.num_stages)
             group = self.groups.group(lo.link)
@@ -318,21 +308,3 @@ class LinkTransport(DefaultPathOnly):
                 raise _failure(self.groups, group, lo.link, lo.direction, lo.is_send, 0.0, None, e) from e
             handles.append(_LinkHandle(self, work, op, lo.link, lo.direction, lo.is_send, group))
         return handles
-
-    def records(self) -> list[MessageRecord]:
-        return []
-
-    def take_records(self) -> list[MessageRecord]:
-        return []
-
-    def blocked_ms(self) -> dict[int, float]:
-        return {}
-
-    def close(self, timeout: float | None = None, drain: bool = True) -> None:
-        """Nothing of its own to stop: the per-link groups belong to :class:`LinkGroups`."""
-
-    def __enter__(self) -> LinkTransport:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

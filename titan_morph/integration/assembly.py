@@ -497,7 +497,7 @@ def run_summary(job_config: Any, schedule: Any) -> list[str]:
         list(schedule.history),
         window=window,
         model=model,
-        links=link_model_from_config(inject, model.num_links, steps=steps),
+        links=schedule.transport.links,  # the delays the run had (per host pair with rank_links)
         depth=morph.link_queue_depth,
         decisions=len(schedule.monitor.changes) if schedule.monitor is not None else 0,
         schedule=job_config.parallelism.pipeline_parallel_schedule,
