@@ -96,7 +96,10 @@ def summary_lines(
         text = "n/a" if median is None else f"{median:.0f} ms"
         return [f"run summary: no straggler; median pipeline time {text} over {len(parts['before'])} steps"]
     base = "ZB-H2" if baseline_name(model) == "zb-h2" else "ZB-V"
-    lines = [f"run summary (median pipeline time per step; {base} from the simulator, same delays):"]
+    if links is None:  # no modelled delays (e.g. a link that really broke): nothing to simulate against
+        lines = ["run summary (median pipeline time per step):"]
+    else:
+        lines = [f"run summary (median pipeline time per step; {base} from the simulator, same delays):"]
     during = parts["during"]
     parts["adapted"] = [p for p in during if p.plan_id != during[0].plan_id]  # once the new plan runs
     for name in ("before", "during", "adapted", "after"):
@@ -104,7 +107,7 @@ def summary_lines(
         if not pts:
             continue
         mine = _median(pts)
-        theirs = zbh2_ms(model, links, depth, [p.step for p in pts])
+        theirs = zbh2_ms(model, links, depth, [p.step for p in pts]) if links is not None else None
         first, last = pts[0].step, pts[-1].step
         line = f"  {name:<7} steps {first:>3}-{last:<3}  {schedule} {mine:7.0f} ms"
         if theirs is not None and mine:

@@ -1,0 +1,57 @@
+"""The end-of-run summary: phases of a run around a straggler, and the simulated baseline beside them."""
+
+from __future__ import annotations
+
+import pytest
+
+from titan_morph.pipelining.links import StaticDelays
+from titan_morph.pipelining.model import CostModel
+from titan_morph.runtime.summary import StepPoint, phases, summary_lines, zbh2_ms
+
+MODEL = CostModel.uniform(4, 24, 10.0, 10.0, 10.0)
+
+
+def _run() -> list[StepPoint]:
+    """10 steps: a straggler on link 2 during steps 4-7, the adapted plan from step 6 on."""
+    points = []
+    for step in range(1, 11):
+        during = 4 <= step <= 7
+        plan = "adapted" if 6 <= step <= 7 else "initial"
+        ms = 900.0 if during and plan == "initial" else (820.0 if during else 760.0)
+        points.append(StepPoint(step, ms, (2,) if during else (), (2,) if plan == "adapted" else (), plan))
+    return points
+
+
+def test_phases_follow_the_injection_window_and_skip_the_warm_up() -> None:
+    parts = phases(_run(), (4, 7))
+    assert [p.step for p in parts["before"]] == [2, 3]
+    assert [p.step for p in parts["during"]] == [4, 5, 6, 7]
+    assert [p.step for p in parts["after"]] == [8, 9, 10]
+    assert [p.step for p in phases(_run(), None)["during"]] == [4, 5, 6, 7]  # the monitor's slow steps
+
+
+def test_summary_compares_with_zbh2_under_the_same_delays() -> None:
+    links = StaticDelays((0.0, 0.0, 60.0))
+    lines = summary_lines(_run(), window=(4, 7), model=MODEL, links=links, depth=2, decisions=1, schedule="PipeMorph")
+    assert "ZB-H2 from the simulator" in lines[0]
+    during = next(line for line in lines if line.lstrip().startswith("during"))
+    zbh2 = zbh2_ms(MODEL, links, 2, [4, 5, 6, 7])
+    assert zbh2 is not None and zbh2 > 1.5 * 860.0  # ZB-H2 does not absorb 60 ms on the last link
+    assert f"{zbh2:.0f} ms ({zbh2 / 860.0:.2f}x)" in during
+    adapted = next(line for line in lines if line.lstrip().startswith("adapted"))
+    assert "820 ms" in adapted and "delegated links [2]" in adapted
+    assert lines[-1].strip() == "plan changes made by the monitor: 1"
+
+
+def test_summary_without_modelled_delays_has_no_baseline_column() -> None:
+    """A link that really broke has no delay model: the simulated baseline would be meaningless."""
+    lines = summary_lines(_run(), window=(4, 7), model=MODEL, links=None, depth=2, decisions=0, schedule="PipeMorph")
+    assert lines[0] == "run summary (median pipeline time per step):"
+    assert not any("ZB-H2" in line for line in lines)
+    assert any(line.lstrip().startswith("before") and "760 ms" in line for line in lines)
+
+
+@pytest.mark.parametrize("window", [None, (20, 30)])
+def test_no_straggler_is_one_line(window) -> None:
+    lines = summary_lines(_run()[:3], window=window, model=MODEL, links=None, depth=2, decisions=0, schedule="X")
+    assert lines == ["run summary: no straggler; median pipeline time 760 ms over 2 steps"]
