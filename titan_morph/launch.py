@@ -47,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -373,7 +373,7 @@ def _with_log_dir(cmd: list[str], log_dir: str) -> list[str]:
     return cmd
 
 
-def _processes() -> dict[int, tuple[int, str]]:
+def process_table() -> dict[int, tuple[int, str]]:
     """pid -> (parent pid, state letter) of every live process."""
     table = {}
     for entry in os.listdir("/proc"):
@@ -390,7 +390,7 @@ def _processes() -> dict[int, tuple[int, str]]:
 def descendants(root: int | None = None) -> list[int]:
     """Live (non-zombie) processes below ``root`` (default: this process)."""
     root = os.getpid() if root is None else root
-    table = _processes()
+    table = process_table()
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():
         children.setdefault(ppid, []).append(pid)
@@ -401,6 +401,34 @@ def descendants(root: int | None = None) -> list[int]:
             found.append(pid)
         todo.extend(children.get(pid, []))
     return found
+
+
+_TERMINATING = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGINT - 1))
+
+
+def stopped_with_termination_pending(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP, job control) while a SIGTERM or SIGINT waits for it: a
+    stopped rank that torchrun asked to stop would otherwise hold the job until torchrun's SIGKILL,
+    30 s later."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    if not fields.get("State", "").strip().startswith("T"):  # "t" (a debugger's trace stop) is left alone
+        return False
+    pending = int(fields.get("ShdPnd", "0").strip() or "0", 16) | int(fields.get("SigPnd", "0").strip() or "0", 16)
+    return bool(pending & _TERMINATING)
+
+
+def release_stopped(pids: Iterable[int]) -> list[int]:
+    """Continue every process of ``pids`` that is stopped with a termination pending, so that it ends
+    now (its pending signal is delivered on SIGCONT); returns those pids."""
+    released = [pid for pid in pids if stopped_with_termination_pending(pid)]
+    for pid in released:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    return released
 
 
 def _reap() -> None:
@@ -516,6 +544,7 @@ def supervise(cmd: list[str], env: Mapping[str, str] | None = None) -> int:
                 while proc.poll() is None:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         proc.wait(timeout=0.5)
+                    release_stopped(descendants())
                 code = proc.returncode
             finally:
                 if proc is not None and proc.poll() is None:

@@ -20,21 +20,12 @@ from pathlib import Path
 import pytest
 
 from tests.launch import run_ranks
+from titan_morph.launch import process_table
 
 
 def children(pid: int) -> list[int]:
-    """Live child processes of ``pid`` (from /proc)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[-1].split()
-            if int(fields[1]) == pid and fields[0] != "Z":
-                out.append(int(entry))
-    return sorted(out)
+    """Live child processes of ``pid``."""
+    return sorted(child for child, (parent, state) in process_table().items() if parent == pid and state != "Z")
 
 
 def process_name(pid: int) -> str:

@@ -226,3 +226,28 @@ def test_ctrl_c_stops_every_rank_and_leaves_nothing(tmp_path):
     assert "step:  500" not in run.output()
     run.assert_nothing_left()
     print(f"Ctrl-C: every process gone {stopped_s:.1f} s after SIGINT")
+
+
+def test_a_stopped_process_asked_to_terminate_is_released_at_once() -> None:
+    """torchrun stops a failed job with SIGTERM; a rank stopped by SIGSTOP would keep it until the
+    SIGKILL 30 s later. The launcher continues such a process so that its SIGTERM ends it now."""
+
+    from titan_morph.launch import release_stopped, stopped_with_termination_pending
+
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{proc.pid}/status").read_text().find("State:\tT") < 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not stopped_with_termination_pending(proc.pid)  # stopped, nothing pending: left alone
+        assert release_stopped([proc.pid]) == []
+        os.kill(proc.pid, signal.SIGTERM)
+        time.sleep(0.1)
+        assert proc.poll() is None and stopped_with_termination_pending(proc.pid)
+        assert release_stopped([proc.pid]) == [proc.pid]
+        assert proc.wait(timeout=5) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -245,6 +245,8 @@ def run_job(
 ) -> Outcome:
     """Run ``command`` (from :func:`run_command`) with its output in ``dump/train.log``; never raises
     for a failing job (the outcome says how it ended), only for Ctrl-C after killing it."""
+    from titan_morph.launch import release_stopped
+
     prepare_run_dir(dump)
     marker = str(dump)
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), MARKER_ENV: marker}
@@ -266,8 +268,10 @@ def run_job(
                 except subprocess.TimeoutExpired:
                     if time.monotonic() - start >= timeout_s:
                         raise
-                for _, cmd in marked_processes(marker):
+                marked = marked_processes(marker)
+                for _, cmd in marked:
                     tokens.update(_TOKEN_RE.findall(cmd))
+                release_stopped(pid for pid, _ in marked)  # a stopped rank torchrun asked to end
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_group(proc)

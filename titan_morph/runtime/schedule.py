@@ -51,6 +51,8 @@ __all__ = ["MorphSchedule", "PlanMismatchError"]
 
 logger = logging.getLogger(__name__)
 
+RECORDS_KEPT = 4  # per-step records a schedule holds (the newest)
+
 _TIMED_METHODS = {"forward_one_chunk": "F", "backward_one_chunk": "B", "backward_weight_one_chunk": "W"}
 
 
@@ -145,8 +147,9 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self.planned_makespan_ms: float | None = None
         self.planned_bubble_rate = 0.0
         self.plan_changes = 0
-        self.records: list[StepRecord] = []
-        self.max_records = 1000
+        # the last steps' records: each holds every op and message of its step (kilobytes), so a
+        # long run keeps only a few (their figures are in TensorBoard and the history below)
+        self.records: deque[StepRecord] = deque(maxlen=RECORDS_KEPT)
         self.profiles: list[StepProfile] = []  # every stage's view of the last step (the exchange)
         self.history: deque[StepPoint] = deque(maxlen=4096)  # the last steps, for the end-of-run summary
         self.monitor_ms = 0.0  # the exchange and the monitor's work after the last step
@@ -300,8 +303,6 @@ class MorphSchedule(_PipelineScheduleRuntime):
         record.failovers = self.transport.failovers
         record.messages = self.transport.take_records()
         self.records.append(record)
-        if len(self.records) > self.max_records:
-            del self.records[: len(self.records) - self.max_records]
         self._steps += 1
         if self._exchange is not None:  # exchange, check, detect, maybe re-plan: before the next step
             self._after_step(record)
