@@ -166,6 +166,13 @@ class _FiniteDelays(LinkModel):
         return self.down_delay_ms if math.isinf(d) else d
 
 
+def _split_records(buf: bytes) -> tuple[list[tuple[Any, ...]], bytes]:
+    """The whole fixed-size records at the start of ``buf`` (a pipe delivers them in any chunks) and
+    the incomplete rest."""
+    n = len(buf) // wire.RECORD.size * wire.RECORD.size
+    return [wire.RECORD.unpack_from(buf, i) for i in range(0, n, wire.RECORD.size)], buf[n:]
+
+
 class _Delegate:
     """Trainer-side end of one delegate: its pipes, its segments, its reports and (receive side) arrivals."""
 
@@ -502,11 +509,8 @@ class DelegateTransport(MessageBook):
             if dg.sign is None:
                 dg.sign = ("stopped reporting (its record pipe closed)", time.monotonic())
             return
-        dg.buf += chunk
-        n = len(dg.buf) // wire.RECORD.size * wire.RECORD.size
-        data, dg.buf = dg.buf[:n], dg.buf[n:]
-        for i in range(0, n, wire.RECORD.size):
-            kind, a, b, c, d, t = wire.RECORD.unpack_from(data, i)
+        records, dg.buf = _split_records(dg.buf + chunk)
+        for kind, a, b, c, d, t in records:
             if kind == wire.MSG:
                 dg.arrived[a] = (b, c, d, t)
             elif kind == wire.NEWSEG:
@@ -531,11 +535,8 @@ class DelegateTransport(MessageBook):
                 if not dg.exited and dg.sign is None:
                     dg.sign = (f"lost its delegate root ({exit_status(self._root_exit)})", time.monotonic())
             return
-        self._status_buf += chunk
-        n = len(self._status_buf) // wire.RECORD.size * wire.RECORD.size
-        data, self._status_buf = self._status_buf[:n], self._status_buf[n:]
-        for i in range(0, n, wire.RECORD.size):
-            kind, role, pid, code, _, _ = wire.RECORD.unpack_from(data, i)
+        records, self._status_buf = _split_records(self._status_buf + chunk)
+        for kind, role, pid, code, _, _ in records:
             if kind == wire.EXITED and 0 <= role < len(self._roles):
                 dg = self._roles[role]
                 dg.pid, dg.exit_code, dg.exited = pid, code, True
