@@ -65,9 +65,8 @@ PATH_ERRORS = (LinkDownError, LinkFailedError, DelegateError)
 STORE_PREFIX = "titan_morph/failover"
 WATCH_S = 0.1  # how often the watcher looks for the peer's notices
 SETTLE_S = 0.05  # how long a receive on a failed path may take to show it is complete
-PROBE_TIMEOUT_S = (
-    5.0  # bound of each of a probe's two waits (making the group and exchanging on it; the peer's verdict)
-)
+# bound of each of a probe's two waits: making the group and exchanging on it; the peer's verdict
+PROBE_TIMEOUT_S = 5.0
 _instances = itertools.count()
 
 
