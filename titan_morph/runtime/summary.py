@@ -23,9 +23,10 @@ from titan_morph.pipelining.simulate import simulate
 __all__ = ["StepPoint", "phases", "summary_lines", "zbh2_ms"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepPoint:
-    """One step as every rank saw it after the exchange (TorchTitan's 1-based step)."""
+    """One step as every rank saw it after the exchange (TorchTitan's 1-based step); slotted, since a
+    long run keeps thousands."""
 
     step: int
     pipeline_ms: float | None
