@@ -35,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.timing import timed  # noqa: E402
 from titan_morph.pipelining.builders import build  # noqa: E402
 from titan_morph.pipelining.instances import describe, planner_set, random_instance  # noqa: E402
 from titan_morph.pipelining.links import RandomDelays  # noqa: E402
@@ -42,17 +43,6 @@ from titan_morph.pipelining.model import CostModel, Plan  # noqa: E402
 from titan_morph.pipelining.robust import expected_makespan, robust_search, sample_delays  # noqa: E402
 from titan_morph.pipelining.search import default_iterations, search_detailed  # noqa: E402
 from titan_morph.pipelining.simulate import makespan  # noqa: E402
-
-
-def _timed(fn: Callable[[], object], reps: int) -> tuple[float, float]:
-    """Median wall ms and median CPU ms over ``reps`` calls (CPU time is robust to a busy box)."""
-    walls, cpus = [], []
-    for _ in range(reps):
-        w0, c0 = time.perf_counter(), time.process_time()
-        fn()
-        walls.append((time.perf_counter() - w0) * 1e3)
-        cpus.append((time.process_time() - c0) * 1e3)
-    return statistics.median(walls), statistics.median(cpus)
 
 
 def bench_speed(seed: int, quick: bool) -> list[str]:
@@ -68,9 +58,9 @@ def bench_speed(seed: int, quick: bool) -> list[str]:
             model = random_instance(
                 random.Random(seed), s_range=(stages, stages), n_mult=(n / stages,) * 2, memory=memory
             )
-            w, c = _timed(lambda model=model: build("pipemorph", model), reps)
+            w, c = timed(lambda model=model: build("pipemorph", model), reps)
             rows.append(f"| S={stages} N={n} {memory} memory, no search | 0 | {w:.1f} | {c:.1f} | {targets[0]} |")
-            w, c = _timed(lambda model=model: build("pipemorph", model, search=True), reps)
+            w, c = timed(lambda model=model: build("pipemorph", model, search=True), reps)
             rows.append(
                 f"| S={stages} N={n} {memory} memory, default search | {default_iterations(model)} | {w:.0f} | {c:.0f}"
                 f" | {targets[1]} |"

@@ -15,29 +15,17 @@ import argparse
 import random
 import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.timing import timed  # noqa: E402
 from titan_morph.pipelining.generate import generate  # noqa: E402
 from titan_morph.pipelining.instances import random_instance  # noqa: E402
 from titan_morph.pipelining.model import CostModel  # noqa: E402
 from titan_morph.pipelining.search import search_detailed  # noqa: E402
 from titan_morph.pipelining.simulate import makespan  # noqa: E402
 from titan_morph.pipelining.slackness import adapted_warmup  # noqa: E402
-
-
-def _timed(fn: Callable[[], object], reps: int) -> tuple[float, float]:
-    """Median wall ms and median CPU ms over ``reps`` calls (CPU time is robust to a busy box)."""
-    walls, cpus = [], []
-    for _ in range(reps):
-        w0, c0 = time.perf_counter(), time.process_time()
-        fn()
-        walls.append((time.perf_counter() - w0) * 1e3)
-        cpus.append((time.process_time() - c0) * 1e3)
-    return statistics.median(walls), statistics.median(cpus)
 
 
 def _fixed(stages: int, microbatches: int, seed: int) -> CostModel:
@@ -77,13 +65,13 @@ def bench_speed(seed: int, quick: bool) -> list[str]:
     big = _fixed(32, 256, seed)
     x_small = adapted_warmup(small)
     reps = 5 if quick else 11
-    w, c = _timed(lambda: generate(small, x_small), reps)
+    w, c = timed(lambda: generate(small, x_small), reps)
     rows.append(f"| one generation pass (Alg. 3/4), S=8 N=32 | {w:.2f} | {c:.2f} |")
-    w, c = _timed(lambda: makespan(small, generate(small, x_small)), reps)
+    w, c = timed(lambda: makespan(small, generate(small, x_small)), reps)
     rows.append(f"| generation + simulated makespan, S=8 N=32 | {w:.2f} | {c:.2f} |")
-    w, c = _timed(lambda: search_detailed(small), reps)
+    w, c = timed(lambda: search_detailed(small), reps)
     rows.append(f"| pipemorph with search, S=8 N=32 | {w:.1f} | {c:.1f} |")
-    w, c = _timed(lambda: search_detailed(big), 1 if quick else 3)
+    w, c = timed(lambda: search_detailed(big), 1 if quick else 3)
     rows.append(f"| pipemorph with search, S=32 N=256 | {w:.0f} | {c:.0f} |")
     return rows
 
