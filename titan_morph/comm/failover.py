@@ -176,7 +176,7 @@ class FailoverTransport:
     def __init__(
         self,
         primary: Transport,
-        delegate: Transport,
+        delegate: DelegateTransport,
         *,
         stage: int,
         num_stages: int,
@@ -227,8 +227,7 @@ class FailoverTransport:
         self._closed = False
         self._wake = threading.Condition(self._lock)
         self._threads: list[threading.Thread] = []
-        if isinstance(delegate, DelegateTransport):
-            delegate.add_listener(self._on_delegate_failure)
+        delegate.add_listener(self._on_delegate_failure)
         self._watcher = self._thread(self._watch, "titan_morph-failover-watch")
         close_at_exit(self)
 
@@ -421,8 +420,7 @@ class FailoverTransport:
                 self.pairs.break_link(link, why)
         else:
             self._delegate_dead.setdefault(link, why)
-            if isinstance(self.delegate, DelegateTransport):
-                self.delegate.abandon(link, why)
+            self.delegate.abandon(link, why)
         self._gen[link] += 1
         gen = self._gen[link]
         sends = _directions(link, self.stage)
