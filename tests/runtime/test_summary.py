@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 
 from titan_morph.pipelining.links import StaticDelays
 from titan_morph.pipelining.model import CostModel
-from titan_morph.runtime.summary import StepPoint, phases, summary_lines, zbh2_ms
+from titan_morph.runtime.summary import StepHistory, StepPoint, phases, summary_lines, zbh2_ms
 
 MODEL = CostModel.uniform(4, 24, 10.0, 10.0, 10.0)
 
@@ -55,3 +57,33 @@ def test_summary_without_modelled_delays_has_no_baseline_column() -> None:
 def test_no_straggler_is_one_line(window) -> None:
     lines = summary_lines(_run()[:3], window=window, model=MODEL, links=None, depth=2, decisions=0, schedule="X")
     assert lines == ["run summary: no straggler; median pipeline time 760 ms over 2 steps"]
+
+
+def test_step_history_gives_back_the_points_of_the_last_steps() -> None:
+    history = StepHistory(capacity=6)
+    points = [*_run(), StepPoint(11, None, (), (), "initial")]
+    for p in points:
+        history.append(p)
+    assert list(history) == points[-6:] and len(history) == 6
+    small = StepHistory()
+    for p in points[:3]:
+        small.append(p)
+    assert list(small) == points[:3]
+    with pytest.raises(ValueError, match="capacity"):
+        StepHistory(capacity=0)
+
+
+def test_step_history_memory_does_not_grow_with_the_run() -> None:
+    history = StepHistory(capacity=1000)
+    plans = ("initial", "adapted")
+    tracemalloc.start()
+    try:
+        for step in range(1, 50_001):
+            history.append(StepPoint(step, 700.0 + step % 13, (step // 1000 % 2,), (), plans[step // 5000 % 2]))
+            if step == 5_000:
+                base = tracemalloc.get_traced_memory()[0]
+        grown = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert grown < 16_000, f"{grown} bytes over 45000 steps"
+    assert [p.step for p in history] == list(range(49_001, 50_001))

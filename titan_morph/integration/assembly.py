@@ -499,6 +499,6 @@ def run_summary(job_config: Any, schedule: Any) -> list[str]:
         model=model,
         links=schedule.transport.links,  # the delays the run had (per host pair with rank_links)
         depth=morph.link_queue_depth,
-        decisions=len(schedule.monitor.changes) if schedule.monitor is not None else 0,
+        decisions=schedule.monitor.decisions if schedule.monitor is not None else 0,
         schedule=job_config.parallelism.pipeline_parallel_schedule,
     )

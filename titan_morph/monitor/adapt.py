@@ -105,7 +105,9 @@ class Monitor:
         self.profile_steps = profile_steps
         self.profiles: list[StepProfile] = []
         self.estimates: list[LinkEstimate] = []
-        self.changes: list[Change] = []
+        # a count and the latest, not every change: each holds a whole plan and a run may last days
+        self.decisions = 0
+        self.last_change: Change | None = None
         self.step = 0
 
     def tolerances(self, *plans: Plan) -> list[list[float]]:
@@ -127,8 +129,12 @@ class Monitor:
         if change is None and step == self.profile_steps and self.initial_planner is not None:
             change = self._profiled_initial_plan(active)
         if change is not None:
-            self.changes.append(change)
+            self._made(change)
         return change
+
+    def _made(self, change: Change) -> None:
+        self.decisions += 1
+        self.last_change = change
 
     def assume_slow(self, delays_ms: Sequence[float], reason: str) -> Change | None:
         """Links known to be slow before the first step, at ``delays_ms`` per link (0 = healthy): the
@@ -142,7 +148,7 @@ class Monitor:
             self.detector.links[i].slow, self.detector.links[i].planned_ms = True, float(delays_ms[i])
         reasons = tuple(f"link {i} slow: {reason}; planning for {delays_ms[i]:g} ms" for i in slow)
         change = self._adapt(Decision(0, self.detector.planned_ms, slow, slow, (), reasons))
-        self.changes.append(change)
+        self._made(change)
         return change
 
     def _profiled_initial_plan(self, active: Plan) -> Change | None:
@@ -207,7 +213,7 @@ class Monitor:
 
     def metrics(self, delegated: frozenset[int]) -> dict[str, float]:
         """TensorBoard scalars of the last step (identical on every rank)."""
-        out: dict[str, float] = {"morph/decisions": float(len(self.changes))}
+        out: dict[str, float] = {"morph/decisions": float(self.decisions)}
         for link, state in enumerate(self.detector.links):
             out[f"morph/straggling/link{link}"] = float(state.slow)
             out[f"morph/planned_delay_ms/link{link}"] = state.planned_ms

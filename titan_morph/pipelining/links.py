@@ -91,7 +91,13 @@ class RandomDelays(LinkModel):
     """Paper §7.2 dynamic stragglers: each link's delay ~ N(mean, std) ms (clipped at 0),
     re-drawn at intervals ~ U(low, high) ms. Deterministic for a seed, so every rank and the
     simulator see the same delay at the same time. Both directions share the link's delay.
+
+    Memory is bounded however long the run: each link keeps its last :attr:`KEEP` change points
+    (the transports and the simulator ask about the last few seconds); an older time is answered by
+    replaying the link's draws from its seed, which gives the same value.
     """
+
+    KEEP = 128  # change points kept per link (~20 s at the paper's 100-200 ms intervals)
 
     num_links: int
     mean: float
@@ -99,9 +105,9 @@ class RandomDelays(LinkModel):
     interval: tuple[float, float]
     seed: int = 0
     links: tuple[int, ...] | None = None  # which links straggle; None = all
-    _change_times: list[list[float]] = field(default_factory=list, init=False, repr=False)
-    _values: list[list[float]] = field(default_factory=list, init=False, repr=False)
-    _rngs: list[random.Random] = field(default_factory=list, init=False, repr=False)
+    _change_times: list[list[float]] = field(default_factory=list, init=False, repr=False, compare=False)
+    _values: list[list[float]] = field(default_factory=list, init=False, repr=False, compare=False)
+    _rngs: list[random.Random] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         low, high = self.interval
@@ -113,22 +119,37 @@ class RandomDelays(LinkModel):
         for link in active:
             if not 0 <= link < self.num_links:
                 raise ValueError(f"link {link} out of range 0..{self.num_links - 1}")
-        self._rngs = [random.Random(f"{self.seed}:{link}") for link in range(self.num_links)]
+        self._rngs = [self._rng(link) for link in range(self.num_links)]
         self._change_times = [[0.0] for _ in range(self.num_links)]
-        self._values = [[self._draw(link) if link in active else 0.0] for link in range(self.num_links)]
+        self._values = [[self._draw(rng) if link in active else 0.0] for link, rng in enumerate(self._rngs)]
         self._active = active
 
-    def _draw(self, link: int) -> float:
-        return max(0.0, self._rngs[link].gauss(self.mean, self.std))
+    def _rng(self, link: int) -> random.Random:
+        return random.Random(f"{self.seed}:{link}")
+
+    def _draw(self, rng: random.Random) -> float:
+        return max(0.0, rng.gauss(self.mean, self.std))
+
+    def _replay(self, link: int, t_ms: float) -> float:
+        """The delay at ``t_ms`` from the link's seed: the same draws, in the same order, as the cache."""
+        rng = self._rng(link)
+        at, value = 0.0, self._draw(rng)
+        while (nxt := at + rng.uniform(*self.interval)) <= t_ms:
+            at, value = nxt, self._draw(rng)
+        return value
 
     def delay_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
         _check_direction(direction)
         if link not in self._active:
             return 0.0
         times, values, rng = self._change_times[link], self._values[link], self._rngs[link]
+        if t_ms < times[0]:
+            return self._replay(link, t_ms)
         while times[-1] <= t_ms:  # extend lazily; the draws depend only on seed and link
             times.append(times[-1] + rng.uniform(*self.interval))
-            values.append(self._draw(link))
+            values.append(self._draw(rng))
+        if len(times) > 2 * self.KEEP:
+            del times[: -self.KEEP], values[: -self.KEEP]
         return values[bisect.bisect_right(times, t_ms) - 1]
 
 

@@ -44,7 +44,7 @@ from titan_morph.runtime.metrics import (
     record_metrics,
 )
 from titan_morph.runtime.records import StepRecord
-from titan_morph.runtime.summary import StepPoint
+from titan_morph.runtime.summary import StepHistory, StepPoint
 from titan_morph.runtime.testbed import DeviceClock
 
 __all__ = ["MorphSchedule", "PlanMismatchError"]
@@ -151,7 +151,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         # long run keeps only a few (their figures are in TensorBoard and the history below)
         self.records: deque[StepRecord] = deque(maxlen=RECORDS_KEPT)
         self.profiles: list[StepProfile] = []  # every stage's view of the last step (the exchange)
-        self.history: deque[StepPoint] = deque(maxlen=4096)  # the last steps, for the end-of-run summary
+        self.history = StepHistory()  # the last steps, for the end-of-run summary
         self.monitor_ms = 0.0  # the exchange and the monitor's work after the last step
         self._steps = 0
         self._current: StepRecord | None = None
@@ -243,9 +243,9 @@ class MorphSchedule(_PipelineScheduleRuntime):
 
     def tensorboard_images(self, step: int) -> dict[str, Any]:
         """``morph/plan_timeline``: the active plan's simulated timeline (HWC RGB), after a plan change."""
-        if self.monitor is None or not self.monitor.changes or not self._is_last:
+        if self.monitor is None or self.monitor.last_change is None or not self._is_last:
             return {}
-        title = f"step {self.monitor.changes[-1].step}: plan {self.plan.plan_id} x={list(self.plan.warmup)}"
+        title = f"step {self.monitor.last_change.step}: plan {self.plan.plan_id} x={list(self.plan.warmup)}"
         img = self._timeline.image(self.plan, title)
         return {} if img is None else {"morph/plan_timeline": img}
 

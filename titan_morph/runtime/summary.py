@@ -1,7 +1,7 @@
 """The end-of-run summary: step time before, during and after a straggler, and what ZB-H2 would take.
 
 The schedule keeps one :class:`StepPoint` per step (the pipeline time from the per-step exchange and
-the monitor's view of the links). At the end of training the last stage logs a few lines: the
+the monitor's view of the links) in a :class:`StepHistory`. At the end of training the last stage logs a few lines: the
 median pipeline time before, during (and during once the adapted plan runs) and after the
 straggler, with, from the simulator, the time
 ZB-H2's fixed orders take under the same link delays on the blocking default transport -- the
@@ -11,8 +11,10 @@ the baseline is ZB-V (torch's ``ScheduleZBVZeroBubble``), the static V schedule 
 
 from __future__ import annotations
 
+import math
 import statistics
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from titan_morph.pipelining.builders import build
@@ -20,7 +22,7 @@ from titan_morph.pipelining.links import LinkDownError, LinkModel
 from titan_morph.pipelining.model import CostModel
 from titan_morph.pipelining.simulate import simulate
 
-__all__ = ["StepPoint", "phases", "summary_lines", "zbh2_ms"]
+__all__ = ["StepHistory", "StepPoint", "phases", "summary_lines", "zbh2_ms"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,43 @@ class StepPoint:
     slow_links: tuple[int, ...]
     delegated: tuple[int, ...]
     plan_id: str
+
+
+class StepHistory:
+    """The last ``capacity`` steps' points, ~20 bytes a step: step numbers and pipeline times in
+    arrays, and each step's (slow links, delegated links, plan) as an index into the few distinct
+    ones a run goes through. A long run's memory must not grow with its steps."""
+
+    def __init__(self, capacity: int = 8192) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._steps = array("q")
+        self._ms = array("d")  # NaN: no pipeline time
+        self._state = array("L")
+        self._states: list[tuple[tuple[int, ...], tuple[int, ...], str]] = []
+        self._index: dict[tuple[tuple[int, ...], tuple[int, ...], str], int] = {}
+
+    def append(self, point: StepPoint) -> None:
+        key = (point.slow_links, point.delegated, point.plan_id)
+        if (i := self._index.get(key)) is None:
+            i = self._index[key] = len(self._states)
+            self._states.append(key)
+        self._steps.append(point.step)
+        self._ms.append(math.nan if point.pipeline_ms is None else point.pipeline_ms)
+        self._state.append(i)
+        if len(self._steps) >= 2 * self.capacity:  # drop the oldest at once: amortised O(1) a step
+            for column in (self._steps, self._ms, self._state):
+                del column[: -self.capacity]
+
+    def __len__(self) -> int:
+        return min(len(self._steps), self.capacity)
+
+    def __iter__(self) -> Iterator[StepPoint]:
+        for k in range(len(self._steps) - len(self), len(self._steps)):
+            slow, delegated, plan_id = self._states[self._state[k]]
+            ms = self._ms[k]
+            yield StepPoint(self._steps[k], None if math.isnan(ms) else ms, slow, delegated, plan_id)
 
 
 def phases(points: Sequence[StepPoint], window: tuple[int, int] | None, skip: int = 1) -> dict[str, list[StepPoint]]:
