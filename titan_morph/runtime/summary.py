@@ -1,11 +1,11 @@
 """The end-of-run summary: step time before, during and after a straggler, and what ZB-H2 would take.
 
 The schedule keeps one :class:`StepPoint` per step (the pipeline time from the per-step exchange and
-the monitor's view of the links) in a :class:`StepHistory`. At the end of training the last stage logs a few lines: the
-median pipeline time before, during (and during once the adapted plan runs) and after the
-straggler, with, from the simulator, the time
-ZB-H2's fixed orders take under the same link delays on the blocking default transport -- the
-baseline PipeMorph's adaptation is measured against (paper §7.2). With two stages per rank (the V)
+the monitor's view of the links) in a :class:`StepHistory`. At the end of training the last stage
+logs a few lines: the median pipeline time before, during (and during once the adapted plan runs)
+and after the straggler, with, from the simulator, the time ZB-H2's fixed orders take under the
+same link delays on the blocking default transport -- the baseline PipeMorph's adaptation is
+measured against (paper §7.2). With two stages per rank (the V)
 the baseline is ZB-V (torch's ``ScheduleZBVZeroBubble``), the static V schedule PipeMorph-V replaces.
 """
 
