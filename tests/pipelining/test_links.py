@@ -25,6 +25,7 @@ def test_random_delays_same_value_whatever_the_query_order() -> None:
     for link, t in order:
         assert shuffled.delay_ms(link, "bwd", t) == want[(link, t)]
     assert len({round(v, 9) for v in want.values()}) > 100  # really redrawn over time
+    assert forward.delay_ms(0, "fwd", -5.0) == forward.delay_ms(0, "fwd", 0.0)  # before the epoch: the first draw
 
 
 def test_random_delays_memory_is_bounded_over_a_long_run() -> None:
