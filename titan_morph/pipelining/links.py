@@ -130,13 +130,19 @@ class RandomDelays(LinkModel):
     def _draw(self, rng: random.Random) -> float:
         return max(0.0, rng.gauss(self.mean, self.std))
 
+    def _next_change(self, rng: random.Random, at: float) -> tuple[float, float]:
+        """The change after the one at ``at``: its time and its delay (the one order of draws)."""
+        return at + rng.uniform(*self.interval), self._draw(rng)
+
     def _replay(self, link: int, t_ms: float) -> float:
         """The delay at ``t_ms`` from the link's seed: the same draws, in the same order, as the cache."""
         rng = self._rng(link)
         at, value = 0.0, self._draw(rng)
-        while (nxt := at + rng.uniform(*self.interval)) <= t_ms:
-            at, value = nxt, self._draw(rng)
-        return value
+        while True:
+            nxt, new = self._next_change(rng, at)
+            if nxt > t_ms:
+                return value
+            at, value = nxt, new
 
     def delay_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
         _check_direction(direction)
@@ -146,8 +152,9 @@ class RandomDelays(LinkModel):
         if t_ms < times[0]:
             return self._replay(link, t_ms)
         while times[-1] <= t_ms:  # extend lazily; the draws depend only on seed and link
-            times.append(times[-1] + rng.uniform(*self.interval))
-            values.append(self._draw(rng))
+            at, value = self._next_change(rng, times[-1])
+            times.append(at)
+            values.append(value)
         if len(times) > 2 * self.KEEP:
             del times[: -self.KEEP], values[: -self.KEEP]
         return values[bisect.bisect_right(times, t_ms) - 1]
