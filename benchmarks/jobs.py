@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from titan_morph.compare.runner import LOG_FILE, Outcome, marked_processes, run_command, run_job
+from titan_morph.launch import proc_status
 
 __all__ = ["JobProcess", "WatchedJob", "rss_kb"]
 
@@ -41,10 +42,8 @@ def _read(path: str) -> str:
 
 def rss_kb(pid: int) -> int | None:
     """Resident set size of ``pid`` in KiB (None when it is gone)."""
-    for line in _read(f"/proc/{pid}/status").splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return None
+    rss = proc_status(pid).get("VmRSS")  # "123456 kB"
+    return int(rss.split()[0]) if rss else None
 
 
 def _rank_of(pid: int) -> int:

@@ -406,18 +406,23 @@ def descendants(root: int | None = None) -> list[int]:
 _TERMINATING = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGINT - 1))
 
 
+def proc_status(pid: int) -> dict[str, str]:
+    """The fields of ``/proc/<pid>/status`` (name -> value, stripped); empty when ``pid`` is gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text(errors="replace")
+    except OSError:
+        return {}
+    return {k: v.strip() for k, v in (line.split(":", 1) for line in text.splitlines() if ":" in line)}
+
+
 def stopped_with_termination_pending(pid: int) -> bool:
     """Whether ``pid`` is stopped (SIGSTOP, job control) while a SIGTERM or SIGINT waits for it: a
     stopped rank that torchrun asked to stop would otherwise hold the job until torchrun's SIGKILL,
     30 s later."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
+    fields = proc_status(pid)
+    if not fields.get("State", "").startswith("T"):  # "t" (a debugger's trace stop) is left alone
         return False
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    if not fields.get("State", "").strip().startswith("T"):  # "t" (a debugger's trace stop) is left alone
-        return False
-    pending = int(fields.get("ShdPnd", "0").strip() or "0", 16) | int(fields.get("SigPnd", "0").strip() or "0", 16)
+    pending = int(fields.get("ShdPnd") or "0", 16) | int(fields.get("SigPnd") or "0", 16)
     return bool(pending & _TERMINATING)
 
 
