@@ -99,7 +99,7 @@ def _exchange(rank: int, world: int, model, n: int, gap_ms: float, depth=None, n
     leftover = [t.name for t in threading.enumerate() if t.name.startswith("titan_morph")]
     return {
         "records": all_recs,
-        "rtt_ms": clock.rtt_ms,
+        "clock": clock,
         "bad": bad,
         "issue_ms": issue_ms,
         "blocked": emu.blocked_ms(),
@@ -129,12 +129,9 @@ def _clock_error_ms(result: dict, delays) -> list[float]:
     """Per message, the bound on comparing its sender's and receiver's stamps: each rank's offset to
     rank 0 is known within half its ping-pong round trip (comm/clock.py), which on a loaded host
     reaches a millisecond even though the processes share one clock."""
-    err = [rtt / 2.0 for rtt in result["rtt_ms"]]
-    out = []
-    for (link, d, _seq), *_ in delays:
-        src, dst = (link, link + 1) if d == "fwd" else (link + 1, link)
-        out.append(err[src] + err[dst])
-    return out
+    clock = result["clock"]
+    # a link's two ends are ranks link and link + 1, whichever way the message went
+    return [clock.error_ms(link) + clock.error_ms(link + 1) for (link, _d, _seq), *_ in delays]
 
 
 def _assert_accurate(errors: list[float], clock_error_ms: list[float]) -> None:
@@ -278,7 +275,7 @@ def _stream(rank: int, world: int, model, n: int, gap_ms: float, steps=None) -> 
     recs = emu.records()
     gathered = [None] * world
     dist.all_gather_object(gathered, recs)
-    return {"records": gathered, "rtt_ms": clock.rtt_ms}
+    return {"records": gathered, "clock": clock}
 
 
 def _check_model(name: str, result: dict, model) -> list[float]:
