@@ -89,8 +89,12 @@ def _make_trainer_class():
 
         def close(self) -> None:
             from titan_morph.integration.assembly import close_transports
+            from titan_morph.runtime.schedule import MorphSchedule
 
             try:  # threads and delegates stop while the process groups they use still exist
+                schedule = getattr(self, "pp_schedule", None)
+                if isinstance(schedule, MorphSchedule):
+                    schedule.close(self.job_config.comm.train_timeout_seconds)
                 close_transports(drain=self._trained)
             finally:
                 super().close()

@@ -168,6 +168,18 @@ class TimelineRenderer:
             self._job = (thread, out)
         return None
 
+    def close(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) for a render in progress. The thread is a daemon so that it
+        never holds a failing run, but one still inside matplotlib's C++ code when the interpreter
+        exits aborts the process ("terminate called without an active exception"), and leaves its
+        temporary folder behind: a plan change at the last step did exactly that."""
+        job, self._job = self._job, None
+        if job is None:
+            return
+        job[0].join(timeout_s)
+        if job[0].is_alive():
+            logger.warning("titan_morph: the plan timeline was still rendering after %.0f s at exit", timeout_s)
+
 
 def _render_timeline(plan: Plan, title: str, out: dict[str, Any]) -> None:
     try:

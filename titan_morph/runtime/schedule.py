@@ -241,6 +241,10 @@ class MorphSchedule(_PipelineScheduleRuntime):
             return None
         return self.transport.depth
 
+    def close(self, timeout_s: float) -> None:
+        """End the schedule's background work (the plan timeline being drawn), within ``timeout_s``."""
+        self._timeline.close(timeout_s)
+
     def tensorboard_images(self, step: int) -> dict[str, Any]:
         """``morph/plan_timeline``: the active plan's simulated timeline (HWC RGB), after a plan change."""
         if self.monitor is None or self.monitor.last_change is None or not self._is_last:
