@@ -236,13 +236,17 @@ def _row(variant: str, step_ms: float, ok: bool = True, failed_step: int | None 
 
 
 def test_case_table_speedups_and_failures() -> None:
-    table = case_table([_row("1F1B", 2000.0, ok=False, failed_step=4), _row("ZBH2", 1500.0), _row("PipeMorph", 1000.0)])
+    pipemorph_row = _row("PipeMorph", 1000.0)
+    pipemorph_row.bound_ms = 987.6
+    table = case_table([_row("1F1B", 2000.0, ok=False, failed_step=4), _row("ZBH2", 1500.0), pipemorph_row])
     lines = table.splitlines()
     assert lines[0].startswith("| variant | step ms (median) |") and "× vs 1F1B | × vs ZBH2 |" in lines[0]
+    assert "| simulated ms | bound ms | × vs 1F1B |" in lines[0]
     assert "| 1F1B | 2000.0† |" in table and "failed at step 4: LinkDownError: x" in table
     pipemorph = next(line for line in lines if line.startswith("| PipeMorph |"))
     # against the failed 1F1B: over steps 2-3 (both completed), marked; against ZBH2: 1500 / 1000
     assert "| 2.00×† | 1.50× |" in pipemorph
+    assert "| — | 987.6 | 2.00×† |" in pipemorph  # simulated unknown, the bound from morph/bound_ms
     assert "| 1.00× | 1.00×" not in pipemorph
 
 

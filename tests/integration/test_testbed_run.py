@@ -42,6 +42,7 @@ def test_testbed_records_and_losses_zbh2_vs_pipemorph(tmp_path, no_leftovers):
         "morph/planned_makespan_ms",
         "morph/pipeline_ms",
         "morph/predicted_ms",
+        "morph/bound_ms",
         "morph/plan_id",
         "morph/blocked_ms",
         "morph/latency_ms",
@@ -55,6 +56,8 @@ def test_testbed_records_and_losses_zbh2_vs_pipemorph(tmp_path, no_leftovers):
     # while the simulator under the injected link (blocking, depth 2) predicts 1040 ms.
     assert set(zbh2.scalars("morph/planned_makespan_ms").values()) == {750.0}
     assert set(zbh2.scalars("morph/predicted_ms").values()) == {1040.0}
+    # No schedule beats (10 + 30) + 2 x 10 ms to the last stage, plus its 24 x 30 ms of work.
+    assert set(zbh2.scalars("morph/bound_ms").values()) == {780.0}
     assert max(zbh2.scalars("morph/stage0/blocked_ms").values()) > 0  # stage 0 sends on the slow link
 
     pipemorph = _run(tmp_path, "PipeMorph", "--morph.plan_delays_ms", "30,0,0")

@@ -120,7 +120,9 @@ def render_comparison(
         lines.append(f"Extra overrides: `{' '.join(meta['extra'])}`.")
     lines += [
         "Step ms: TorchTitan's `time_metrics/end_to_end(s)`; pipeline ms: `morph/pipeline_ms` (titan_morph"
-        " schedules); simulated ms: the simulator's makespan for the plan run under the same link model.",
+        " schedules); simulated ms: the simulator's makespan for the plan run under the same link model;"
+        " bound ms: `morph/bound_ms`, a lower bound on any schedule's makespan for the same steps, links and"
+        " compute times (no plan can beat it).",
         "",
     ]
     cases = _case_rows(meta, scenario_dir)

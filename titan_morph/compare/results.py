@@ -24,6 +24,7 @@ __all__ = [
     "PIPELINE_TAG",
     "ITERATION_TAG",
     "PLAN_CHANGES_TAG",
+    "BOUND_TAG",
     "RunSummary",
     "read_scalars",
     "summarise",
@@ -36,6 +37,7 @@ LOSS_TAG = "loss_metrics/global_avg_loss"
 PIPELINE_TAG = "morph/pipeline_ms"
 ITERATION_TAG = "morph/iteration_ms"
 PLAN_CHANGES_TAG = "morph/plan_changes"
+BOUND_TAG = "morph/bound_ms"
 
 
 def _accumulators(run_dir: Path, kind: str) -> list[Any]:
@@ -91,6 +93,8 @@ class RunSummary:
     pipeline_ms: float | None = None
     iteration_ms: float | None = None
     plan_changes: float | None = None
+    bound_ms: float | None = None
+    """Median of ``morph/bound_ms``: no schedule could run those steps faster (same links and compute)."""
     simulated_ms: float | None = None
     simulated_note: str = ""
     step_series: dict[int, float] = field(default_factory=dict)
@@ -115,6 +119,7 @@ def summarise(run_dir: Path, variant: str, case: str, skip: int) -> RunSummary:
     summary.tokens_per_s = median_after(scalars.get(TPS_TAG, {}), skip)
     summary.pipeline_ms = median_after(scalars.get(PIPELINE_TAG, {}), skip)
     summary.iteration_ms = median_after(scalars.get(ITERATION_TAG, {}), skip)
+    summary.bound_ms = median_after(scalars.get(BOUND_TAG, {}), skip)
     changes = scalars.get(PLAN_CHANGES_TAG)
     summary.plan_changes = max(changes.values()) if changes else None
     for tag, values in sorted(scalars.items()):

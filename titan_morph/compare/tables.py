@@ -71,7 +71,7 @@ def case_table(rows: Sequence[RunSummary]) -> str:
     names = [r.variant for r in rows]
     base = baselines(names)
     by_name = {r.variant: r for r in rows}
-    header = ["variant", "step ms (median)", "tokens/s", "pipeline ms", "simulated ms"]
+    header = ["variant", "step ms (median)", "tokens/s", "pipeline ms", "simulated ms", "bound ms"]
     header += [f"× vs {b}" for b in base]
     header += ["plan changes", "status"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 2) + ["---"]) + "|"]
@@ -81,7 +81,7 @@ def case_table(rows: Sequence[RunSummary]) -> str:
         if not r.ok and r.step_ms is not None:
             step += _FAILED_MARK
             any_failed = True
-        cells = [r.variant, step, fmt_ms(r.tokens_per_s), fmt_ms(r.pipeline_ms), _simulated(r)]
+        cells = [r.variant, step, fmt_ms(r.tokens_per_s), fmt_ms(r.pipeline_ms), _simulated(r), fmt_ms(r.bound_ms)]
         for b in base:
             value, partial = common_speedup(by_name[b], r)
             cells.append(_fmt_ratio(value) + (_FAILED_MARK if partial and value is not None else ""))

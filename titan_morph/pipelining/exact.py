@@ -1,6 +1,10 @@
 """Exact reference schedule for small instances (paper §4.3 / §7.4: "the optimum, obtained by solving
 an MILP"), here as a CP-SAT model (OR-Tools; a dev/benchmark dependency imported lazily).
 
+It also holds closed-form lower bounds on any schedule's makespan, which need no solver:
+:func:`lower_bound_ms` (static delays) and :func:`lower_bound_under` (one step under time-varying
+links, reported by the runtime as ``morph/bound_ms``).
+
 The problem is exactly what the simulator executes under static, non-blocking links:
 
 * per stage ``s`` and microbatch ``m`` the ops ``F``, ``I``, ``W`` with the model's durations; a stage
@@ -44,6 +48,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .builders import split_fused
+from .links import LinkModel
 from .model import CostModel, Op, Order
 from .simulate import simulate
 
@@ -147,6 +152,62 @@ def lower_bound_ms(model: CostModel) -> float:
         return max(_rank_bounds(model, model.fwd, model.bwd, model.wgt, _hop_delays(model, model.delays)))
     caps = [model.budget(s) for s in range(model.stages)]
     return max(_stage_bounds(model.stages, model.microbatches, model.fwd, model.bwd, model.wgt, model.delays, caps))
+
+
+def lower_bound_under(
+    model: CostModel, links: LinkModel, *, step: int = 0, t0: float = 0.0, resolution_ms: float = 0.5
+) -> float:
+    """A lower bound on any schedule's makespan for one iteration starting at ``t0`` under a
+    time-varying link model (what the runtime reports as ``morph/bound_ms``), relative to ``t0``.
+
+    A rank cannot start before the first forward reaches one of its stages and then still runs the
+    F, I and W of all N microbatches of its stages: max over ranks r of min_{s in r} head_s + N ·
+    Σ_{s in r}(t^F_s + t^B_s + t^W_s), the per-rank bound of :func:`lower_bound_ms` (V placement)
+    with the static c_j replaced by the delay when the message is sent. head follows the forward
+    chain from t0: a hop whose input is ready at e delivers at the earliest min over t >= e of
+    t + c(t) (a later send arrives earlier when the delay drops). That minimum is taken on a grid
+    over [e, e + c(e)]: e itself exactly, and a grid point whose delay differs from the previous
+    one's minus one grid step (the change may have come just after the previous point). The grid is
+    ``resolution_ms``, coarser for delays above 512 of them, so that a hop costs at most 512 lookups;
+    the bound is exact for static links and holds whenever a delay changes at most once per grid
+    step. A link that is down (inf) gives inf.
+    """
+    if resolution_ms <= 0:
+        raise ValueError(f"resolution_ms must be > 0, got {resolution_ms}")
+    if links.num_links != model.num_links:
+        raise ValueError(f"links model has {links.num_links} links, the cost model {model.num_links}")
+    route_f, _ = model.routes()
+    heads = [0.0] * model.stages
+    for s in range(model.stages - 1):
+        ready = heads[s] + model.fwd[s]
+        route = route_f[s]
+        if route is None:
+            heads[s + 1] = ready
+            continue
+        link, direction = route[0], ("fwd", "bwd")[route[1]]
+        heads[s + 1] = _earliest_delivery(links, link, direction, t0 + ready, step, resolution_ms) - t0
+    n = model.microbatches
+    return max(
+        min(heads[s] for s in own) + n * sum(model.fwd[s] + model.bwd[s] + model.wgt[s] for s in own)
+        for own in (model.rank_stages(r) for r in range(model.ranks))
+    )
+
+
+def _earliest_delivery(links: LinkModel, link: int, direction: str, ready: float, step: int, grid: float) -> float:
+    """min over send times t >= ``ready`` of t + c(t), on a grid (see :func:`lower_bound_under`)."""
+    delay = links.delay_ms(link, direction, ready, step)
+    if math.isinf(delay):
+        return math.inf
+    best = ready + delay
+    t, previous = ready, delay
+    grid = max(grid, delay / 512)
+    while t < best:  # a send at or after ``best`` cannot arrive before it
+        t += grid
+        c = links.delay_ms(link, direction, t, step)
+        if c != previous:
+            best = min(best, t - grid + c)
+            previous = c
+    return best
 
 
 def _hop_delays(model: CostModel, delays: Sequence[float]) -> list[float]:

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from titan_morph.monitor.profile import StepProfile
-from titan_morph.pipelining.links import LinkDownError, LinkModel
+from titan_morph.pipelining.exact import lower_bound_under
+from titan_morph.pipelining.links import LinkDownError, LinkModel, StaticDelays
 from titan_morph.pipelining.model import Plan
 from titan_morph.pipelining.simulate import simulate
 from titan_morph.runtime.records import StepRecord
@@ -25,6 +26,7 @@ __all__ = [
     "ImageSource",
     "MetricsSource",
     "TimelineRenderer",
+    "bound_ms",
     "message_latencies",
     "pipeline_metrics",
     "pipeline_ms",
@@ -139,6 +141,15 @@ def predicted_ms(plan: Plan, links: LinkModel | None, depth: int | None, step: i
         return simulate(model, plan.orders, links=links, depth=depth, step=step, t0=t0_ms).makespan
     except (LinkDownError, RuntimeError, ValueError):
         return None
+
+
+def bound_ms(plan: Plan, links: LinkModel | None, step: int, t0_ms: float) -> float | None:
+    """A lower bound on any schedule's makespan for the same step, links and compute times as
+    :func:`predicted_ms` (:func:`~titan_morph.pipelining.exact.lower_bound_under`): how far the
+    running plan is from the best possible one. None when a link is down."""
+    model = plan.model
+    value = lower_bound_under(model, links or StaticDelays.zeros(model.num_links), step=step, t0=t0_ms)
+    return value if math.isfinite(value) else None
 
 
 class TimelineRenderer:

@@ -38,6 +38,7 @@ from titan_morph.runtime.exchange import PlanMismatchError, StepExchange, step_p
 from titan_morph.runtime.metrics import (
     MetricsSource,
     TimelineRenderer,
+    bound_ms,
     pipeline_metrics,
     pipeline_ms,
     predicted_ms,
@@ -232,6 +233,9 @@ class MorphSchedule(_PipelineScheduleRuntime):
             )
             if predicted is not None:
                 out["morph/predicted_ms"] = predicted
+            bound = bound_ms(self.plan, self.transport.links, rec.step + 1, self.profiles[0].start_ms)
+            if bound is not None:
+                out["morph/bound_ms"] = bound
         return out
 
     def _predicted_depth(self) -> int | None:
