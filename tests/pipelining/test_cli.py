@@ -319,3 +319,17 @@ def test_module_entry_points(zb_h2_csv: Path) -> None:
         )
         assert res.returncode == 0, res.stderr
         assert json.loads(res.stdout)["makespan_ms"] == pytest.approx(390.0)
+
+
+def test_json_reports_the_lower_bound_on_any_schedule(capsys) -> None:
+    """``lower_bound_ms``: the closed form under static run delays (memory budget counted), the
+    time-varying bound under --run-random; never above the plan's makespan."""
+    zb = _json(capsys, *FIG4, "--schedule", "zb-h2", "--run-delays", "0,0,60")
+    # the first forward reaches the last rank at 30 + 60 ms, which then works 12 x 30 ms
+    assert zb["lower_bound_ms"] == pytest.approx(450.0) and zb["makespan_ms"] > zb["lower_bound_ms"]
+    pm = _json(capsys, *FIG4, "--delays", "0,0,60")
+    assert pm["lower_bound_ms"] == pytest.approx(450.0) and pm["makespan_ms"] >= 450.0
+    rnd = _json(capsys, *FIG4, "--delays", "30", "--run-random", "30,10,100,200,1")
+    assert 0 < rnd["lower_bound_ms"] <= rnd["makespan_ms"]
+    rc, out, _ = _run(capsys, *FIG4, "--delays", "30", "--run-random", "30,10,100,200,1")
+    assert rc == 0 and "lower bound on any schedule under these delays" in out

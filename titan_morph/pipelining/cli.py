@@ -35,6 +35,7 @@ from typing import Any, NoReturn
 
 from .baselines import zbv_memory
 from .builders import SCHEDULES, V_SCHEDULES, schedule_key
+from .exact import lower_bound_ms, lower_bound_under
 from .links import LinkDownError, LinkModel, RandomDelays, TraceDelays, parse_delays
 from .model import STAGES_PER_RANK, CostModel, Plan, in_flight_peak, validate_orders, warmup_counts
 from .slackness import tolerance_ms
@@ -442,6 +443,8 @@ def _summary(out: PlannedRun) -> str:
             if out.expected_makespan is not None
             else []
         ),
+        f"lower bound on any schedule under these delays {out.lower_bound:.1f} ms"
+        f" (this plan: {result.makespan - out.lower_bound:+.1f} ms)",
         f"planning took {out.planning_ms:.1f} ms",
         "critical path:",
         *("  " + line.strip() for line in result.explain().splitlines()),
@@ -483,6 +486,7 @@ def _report_json(out: PlannedRun, files: dict[str, str]) -> dict[str, Any]:
         "search_iterations": args.search_iterations,
         "planning_samples": None if args.planning_samples is None else len(args.planning_samples),
         "expected_makespan_ms": out.expected_makespan,
+        "lower_bound_ms": out.lower_bound,
         "files": files,
     }
 
@@ -500,6 +504,7 @@ class PlannedRun:
     args: argparse.Namespace
     planning_ms: float = 0.0  # wall time spent building the plan (0 for --load-csv)
     expected_makespan: float | None = None  # mean makespan over the planning samples (random planning)
+    lower_bound: float = 0.0  # no schedule (within the memory budget) beats this under the run's delays
 
 
 def run(argv: Sequence[str] | None = None) -> PlannedRun:
@@ -535,7 +540,11 @@ def run(argv: Sequence[str] | None = None) -> PlannedRun:
         from .robust import expected_makespan
 
         expected = expected_makespan(plan.model, plan.orders, args.planning_samples)
-    return PlannedRun(plan, result, planned, tuple(run_delays), links, links_text, args, planning_ms, expected)
+    if links is None:  # static: the closed form, which also counts the memory budget
+        bound = lower_bound_ms(run_model)
+    else:
+        bound = lower_bound_under(plan.model, links, step=args.step)
+    return PlannedRun(plan, result, planned, tuple(run_delays), links, links_text, args, planning_ms, expected, bound)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
