@@ -5,8 +5,9 @@ the monitor's view of the links) in a :class:`StepHistory`. At the end of traini
 logs a few lines: the median pipeline time before, during (and during once the adapted plan runs)
 and after the straggler, with, from the simulator, the time ZB-H2's fixed orders take under the
 same link delays on the blocking default transport -- the baseline PipeMorph's adaptation is
-measured against (paper §7.2). With two stages per rank (the V)
-the baseline is ZB-V (torch's ``ScheduleZBVZeroBubble``), the static V schedule PipeMorph-V replaces.
+measured against (paper §7.2) -- and the lower bound on any schedule under them. With two stages
+per rank (the V) the baseline is ZB-V (torch's ``ScheduleZBVZeroBubble``), the static V schedule
+PipeMorph-V replaces.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from titan_morph.pipelining.builders import build
+from titan_morph.pipelining.exact import lower_bound_under
 from titan_morph.pipelining.links import LinkDownError, LinkModel
 from titan_morph.pipelining.model import CostModel
 from titan_morph.pipelining.simulate import simulate
@@ -113,6 +115,14 @@ def zbh2_ms(model: CostModel, links: LinkModel | None, depth: int | None, steps:
     return statistics.median(times)
 
 
+def _bound_ms(model: CostModel, links: LinkModel, steps: Sequence[int]) -> float | None:
+    """Median over ``steps`` of the lower bound on any schedule under ``links``
+    (:func:`~titan_morph.pipelining.exact.lower_bound_under`; None when a link is down)."""
+    values = [lower_bound_under(model, links, step=s) for s in steps]
+    finite = [v for v in values if math.isfinite(v)]
+    return statistics.median(finite) if finite and len(finite) == len(values) else None
+
+
 def _median(points: Sequence[StepPoint]) -> float | None:
     values = [p.pipeline_ms for p in points if p.pipeline_ms is not None]
     return statistics.median(values) if values else None
@@ -139,7 +149,10 @@ def summary_lines(
     if links is None:  # no modelled delays (e.g. a link that really broke): nothing to simulate against
         lines = ["run summary (median pipeline time per step):"]
     else:
-        lines = [f"run summary (median pipeline time per step; {base} from the simulator, same delays):"]
+        lines = [
+            f"run summary (median pipeline time per step; {base} from the simulator and the lower bound on"
+            " any schedule, same delays):"
+        ]
     during = parts["during"]
     parts["adapted"] = [p for p in during if p.plan_id != during[0].plan_id]  # once the new plan runs
     for name in ("before", "during", "adapted", "after"):
@@ -152,6 +165,9 @@ def summary_lines(
         line = f"  {name:<7} steps {first:>3}-{last:<3}  {schedule} {mine:7.0f} ms"
         if theirs is not None and mine:
             line += f"   {base:<5} {theirs:7.0f} ms ({theirs / mine:.2f}x)"
+        best = _bound_ms(model, links, [p.step for p in pts]) if links is not None else None
+        if best is not None:
+            line += f"   bound {best:5.0f} ms"
         if name == "adapted":
             line += f"   delegated links {sorted({link for p in pts for link in p.delegated}) or 'none'}"
         lines.append(line)
