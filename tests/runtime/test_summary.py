@@ -6,7 +6,7 @@ import tracemalloc
 
 import pytest
 
-from titan_morph.pipelining.links import StaticDelays
+from titan_morph.pipelining.links import RandomDelays, StaticDelays
 from titan_morph.pipelining.model import CostModel
 from titan_morph.runtime.summary import StepHistory, StepPoint, phases, summary_lines, zbh2_ms
 
@@ -20,7 +20,8 @@ def _run() -> list[StepPoint]:
         during = 4 <= step <= 7
         plan = "adapted" if 6 <= step <= 7 else "initial"
         ms = 900.0 if during and plan == "initial" else (820.0 if during else 760.0)
-        points.append(StepPoint(step, ms, (2,) if during else (), (2,) if plan == "adapted" else (), plan))
+        slow, delegated = (2,) if during else (), (2,) if plan == "adapted" else ()
+        points.append(StepPoint(step, ms, slow, delegated, plan, start_ms=900.0 * step))
     return points
 
 
@@ -37,7 +38,7 @@ def test_summary_compares_with_zbh2_under_the_same_delays() -> None:
     lines = summary_lines(_run(), window=(4, 7), model=MODEL, links=links, depth=2, decisions=1, schedule="PipeMorph")
     assert "ZB-H2 from the simulator" in lines[0]
     during = next(line for line in lines if line.lstrip().startswith("during"))
-    zbh2 = zbh2_ms(MODEL, links, 2, [4, 5, 6, 7])
+    zbh2 = zbh2_ms(MODEL, links, 2, [p for p in _run() if 4 <= p.step <= 7])
     assert zbh2 is not None and zbh2 > 1.5 * 860.0  # ZB-H2 does not absorb 60 ms on the last link
     assert f"{zbh2:.0f} ms ({zbh2 / 860.0:.2f}x)" in during
     adapted = next(line for line in lines if line.lstrip().startswith("adapted"))
@@ -45,6 +46,15 @@ def test_summary_compares_with_zbh2_under_the_same_delays() -> None:
     # no schedule beats 30 + 60 ms to the last rank plus its 24 x 30 ms of work
     assert "bound   810 ms" in during and "bound   810 ms" in adapted
     assert lines[-1].strip() == "plan changes made by the monitor: 1"
+
+
+def test_summary_simulates_each_step_from_its_own_start_under_time_keyed_delays() -> None:
+    """Random stragglers are keyed by time: the same step started elsewhere meets other delays."""
+    links = RandomDelays(3, 30.0, 10.0, (100.0, 200.0), seed=1)
+    starts = [StepPoint(5, 850.0, (), (), "p", start_ms=t) for t in (0.0, 4000.0, 9000.0)]
+    each = [zbh2_ms(MODEL, links, 2, [p]) for p in starts]
+    assert len(set(each)) == 3, each
+    assert zbh2_ms(MODEL, links, 2, starts) == sorted(each)[1]  # the median of the three
 
 
 def test_summary_without_modelled_delays_has_no_baseline_column() -> None:

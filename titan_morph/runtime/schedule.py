@@ -342,6 +342,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
                 slow,
                 tuple(sorted(self.transport.delegated())),
                 record.plan_id,
+                self.profiles[0].start_ms if self.profiles else 0.0,
             )
         )
         self.monitor_ms = (t_sent - t0 + time.monotonic() - t_gathered) * 1e3 + exchange_ms

@@ -37,6 +37,8 @@ class StepPoint:
     slow_links: tuple[int, ...]
     delegated: tuple[int, ...]
     plan_id: str
+    start_ms: float = 0.0
+    """When the step began on the common clock (the time axis of a time-keyed link model)."""
 
 
 class StepHistory:
@@ -50,6 +52,7 @@ class StepHistory:
         self.capacity = capacity
         self._steps = array("q")
         self._ms = array("d")  # NaN: no pipeline time
+        self._start = array("d")
         self._state = array("L")
         self._states: list[tuple[tuple[int, ...], tuple[int, ...], str]] = []
         self._index: dict[tuple[tuple[int, ...], tuple[int, ...], str], int] = {}
@@ -61,9 +64,10 @@ class StepHistory:
             self._states.append(key)
         self._steps.append(point.step)
         self._ms.append(math.nan if point.pipeline_ms is None else point.pipeline_ms)
+        self._start.append(point.start_ms)
         self._state.append(i)
         if len(self._steps) >= 2 * self.capacity:  # drop the oldest at once: amortised O(1) a step
-            for column in (self._steps, self._ms, self._state):
+            for column in (self._steps, self._ms, self._start, self._state):
                 del column[: -self.capacity]
 
     def __len__(self) -> int:
@@ -73,7 +77,7 @@ class StepHistory:
         for k in range(len(self._steps) - len(self), len(self._steps)):
             slow, delegated, plan_id = self._states[self._state[k]]
             ms = self._ms[k]
-            yield StepPoint(self._steps[k], None if math.isnan(ms) else ms, slow, delegated, plan_id)
+            yield StepPoint(self._steps[k], None if math.isnan(ms) else ms, slow, delegated, plan_id, self._start[k])
 
 
 def phases(points: Sequence[StepPoint], window: tuple[int, int] | None, skip: int = 1) -> dict[str, list[StepPoint]]:
@@ -101,26 +105,28 @@ def baseline_name(model: CostModel) -> str:
     return "zb-h2" if model.stages_per_rank == 1 else "zb-v"
 
 
-def zbh2_ms(model: CostModel, links: LinkModel | None, depth: int | None, steps: Sequence[int]) -> float | None:
+def zbh2_ms(model: CostModel, links: LinkModel | None, depth: int | None, points: Sequence[StepPoint]) -> float | None:
     """Median simulated makespan of ZB-H2's orders (ZB-V's in the V; planned without delays, as
-    they are) under ``links`` at ``steps``, with the default transport's queue ``depth`` (None when
-    a link is down)."""
-    if not steps:
+    they are) under ``links`` at the steps of ``points`` (each from its start), with the default
+    transport's queue ``depth`` (None when a link is down)."""
+    if not points:
         return None
     plan = build(baseline_name(model), model.with_delays((0.0,) * model.num_links))
     try:
-        times = [simulate(plan.model, plan.orders, links=links, depth=depth, step=s).makespan for s in steps]
+        times = [
+            simulate(plan.model, plan.orders, links=links, depth=depth, step=p.step, t0=p.start_ms).makespan
+            for p in points
+        ]
     except LinkDownError:
         return None
     return statistics.median(times)
 
 
-def _bound_ms(model: CostModel, links: LinkModel, steps: Sequence[int]) -> float | None:
-    """Median over ``steps`` of the lower bound on any schedule under ``links``
+def _bound_ms(model: CostModel, links: LinkModel, points: Sequence[StepPoint]) -> float | None:
+    """Median over ``points`` of the lower bound on any schedule under ``links``
     (:func:`~titan_morph.pipelining.exact.lower_bound_under`; None when a link is down)."""
-    values = [lower_bound_under(model, links, step=s) for s in steps]
-    finite = [v for v in values if math.isfinite(v)]
-    return statistics.median(finite) if finite and len(finite) == len(values) else None
+    values = [lower_bound_under(model, links, step=p.step, t0=p.start_ms) for p in points]
+    return statistics.median(values) if values and all(math.isfinite(v) for v in values) else None
 
 
 def _median(points: Sequence[StepPoint]) -> float | None:
@@ -160,12 +166,12 @@ def summary_lines(
         if not pts:
             continue
         mine = _median(pts)
-        theirs = zbh2_ms(model, links, depth, [p.step for p in pts]) if links is not None else None
+        theirs = zbh2_ms(model, links, depth, pts) if links is not None else None
         first, last = pts[0].step, pts[-1].step
         line = f"  {name:<7} steps {first:>3}-{last:<3}  {schedule} {mine:7.0f} ms"
         if theirs is not None and mine:
             line += f"   {base:<5} {theirs:7.0f} ms ({theirs / mine:.2f}x)"
-        best = _bound_ms(model, links, [p.step for p in pts]) if links is not None else None
+        best = _bound_ms(model, links, pts) if links is not None else None
         if best is not None:
             line += f"   bound {best:5.0f} ms"
         if name == "adapted":
