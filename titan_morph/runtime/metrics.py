@@ -148,7 +148,9 @@ def bound_ms(plan: Plan, links: LinkModel | None, step: int, t0_ms: float) -> fl
     :func:`predicted_ms` (:func:`~titan_morph.pipelining.exact.lower_bound_under`): how far the
     running plan is from the best possible one. None when a link is down."""
     model = plan.model
-    value = lower_bound_under(model, links or StaticDelays.zeros(model.num_links), step=step, t0=t0_ms)
+    if links is None:  # no injected delays
+        links = StaticDelays.zeros(model.num_links)
+    value = lower_bound_under(model, links, step=step, t0=t0_ms)
     return value if math.isfinite(value) else None
 
 

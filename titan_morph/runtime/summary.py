@@ -42,7 +42,7 @@ class StepPoint:
 
 
 class StepHistory:
-    """The last ``capacity`` steps' points, ~20 bytes a step: step numbers and pipeline times in
+    """The last ``capacity`` steps' points, ~30 bytes a step: step numbers, pipeline times and starts in
     arrays, and each step's (slow links, delegated links, plan) as an index into the few distinct
     ones a run goes through. A long run's memory must not grow with its steps."""
 
