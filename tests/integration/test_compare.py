@@ -323,14 +323,15 @@ def test_compare_two_variants_end_to_end(tmp_path) -> None:
     for step in (1, 2, 3):  # same seed and data: the schedule changes timing, not the losses
         assert losses[0][step] == pytest.approx(losses[1][step], rel=1e-5)
 
-    # the printed table: both rows, finite numbers, ZBH2's speedup column
+    # the printed table: both rows, finite numbers, the bound, ZBH2's speedup column
     rows = {line.split("|")[1].strip(): line for line in proc.stdout.splitlines() if line.startswith("| ")}
     assert {"ZBH2", "PipeMorph"} <= set(rows), proc.stdout
     for name in ("ZBH2", "PipeMorph"):
         cells = [c.strip() for c in rows[name].strip("|").split("|")]
-        step_ms, tps, pipeline_ms, simulated_ms = (float(c) for c in cells[1:5])
+        step_ms, tps, pipeline_ms, simulated_ms, bound = (float(c) for c in cells[1:6])
         assert all(math.isfinite(v) and v > 0 for v in (step_ms, tps, pipeline_ms, simulated_ms)), rows[name]
-        assert re.fullmatch(r"\d+\.\d\d×", cells[5]), rows[name]
+        assert bound == 810.0, rows[name]  # 30 ms of forwards and 60 ms to the last rank, then 24 x 30 ms
+        assert re.fullmatch(r"\d+\.\d\d×", cells[6]), rows[name]
         assert cells[-1] == "ok"
     assert (scenario_dir / "step_time.png").stat().st_size > 10_000
     assert "ZBH2" in (scenario_dir / "table.md").read_text()
