@@ -69,6 +69,16 @@ def test_detect_replan_delegate_and_recover(tmp_path, no_leftovers):
     assert images and images[0] >= 4 and len(images) <= 2, images
     assert "link 2 slow: delay" in run.output and "link 2 recovered" in run.output
 
+    # No schedule beats the first forward's arrival at the last rank plus its 24 x 30 ms of work:
+    # 30 ms of forwards (+ 60 ms on link 2 while it is slow), per step and in the end-of-run summary.
+    bound = run.scalars("morph/bound_ms")
+    assert sorted(bound) == all_steps, bound
+    assert all(bound[s] == pytest.approx(750, abs=1) for s in (1, 2, 6, 7, 8, 9)), bound
+    assert all(bound[s] == pytest.approx(810, abs=1) for s in (3, 4, 5)), bound
+    during = next(line for line in run.output.splitlines() if "titan_morph:   during  steps   3-5" in line)
+    assert "ZB-H2    1580 ms" in during and "bound   810 ms" in during, during
+    assert "titan_morph:   plan changes made by the monitor: 2" in run.output
+
 
 @pytest.mark.slow
 def test_no_false_positives_over_100_quiet_steps(tmp_path):

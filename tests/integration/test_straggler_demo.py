@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tests.launch import REPO, torchrun
 
 CONFIG = REPO / "train_configs" / "straggler_demo_cpu.toml"
 
 
+@pytest.mark.slow  # test_adaptation.py covers the same path in CI, on shorter windows
 def test_demo_detects_adapts_recovers_and_summarises(tmp_path, no_leftovers) -> None:
     # 60 ms on link 2 during steps 4-9: detected after k = 3 slow steps, recovered after 5 healthy
     # ones (2 steps to spare)
