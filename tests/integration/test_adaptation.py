@@ -71,10 +71,12 @@ def test_detect_replan_delegate_and_recover(tmp_path, no_leftovers):
 
     # No schedule beats the first forward's arrival at the last rank plus its 24 x 30 ms of work:
     # 30 ms of forwards (+ 60 ms on link 2 while it is slow), per step and in the end-of-run summary.
+    # Per step the bound uses the plan's op times, measured once adapted: never below the
+    # configured 10 ms, a little above on a host too slow to keep them.
     bound = run.scalars("morph/bound_ms")
     assert sorted(bound) == all_steps, bound
-    assert all(bound[s] == pytest.approx(750, abs=1) for s in (1, 2, 6, 7, 8, 9)), bound
-    assert all(bound[s] == pytest.approx(810, abs=1) for s in (3, 4, 5)), bound
+    assert all(750 - 1e-6 <= bound[s] < 760 for s in (1, 2, 6, 7, 8, 9)), bound
+    assert all(810 - 1e-6 <= bound[s] < 820 for s in (3, 4, 5)), bound
     during = next(line for line in run.output.splitlines() if "titan_morph:   during  steps   3-5" in line)
     assert "ZB-H2    1580 ms" in during and "bound   810 ms" in during, during
     assert "titan_morph:   plan changes made by the monitor: 2" in run.output
