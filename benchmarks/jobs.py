@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from titan_morph.comm.system import environ, proc_status, process_name
 from titan_morph.compare.runner import LOG_FILE, Outcome, marked_processes, run_command, run_job
-from titan_morph.launch import proc_status
 
 __all__ = ["JobProcess", "WatchedJob", "rss_kb"]
 
@@ -47,11 +47,7 @@ def rss_kb(pid: int) -> int | None:
 
 
 def _rank_of(pid: int) -> int:
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return -1
-    for item in environ:
+    for item in environ(pid) or ():
         if item.startswith(b"RANK="):
             return int(item[5:])
     return -1
@@ -142,7 +138,7 @@ class WatchedJob:
         """The job's live processes that are ranks or delegates."""
         out = []
         for pid, cmd in marked_processes(str(self.dump)):
-            name = _read(f"/proc/{pid}/comm").strip()
+            name = process_name(pid)
             if name.startswith("tm-send"):
                 kind = "send delegate"
             elif name.startswith("tm-recv"):

@@ -26,6 +26,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from titan_morph.comm.system import cmdline, pids, state
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "train_configs" / "debug_cpu.toml"
 LOSS_TAG = "loss_metrics/global_avg_loss"
@@ -43,19 +45,12 @@ def free_port() -> int:
 def processes_mentioning(text: str) -> list[tuple[int, str]]:
     """Live processes (pid, cmdline) whose command line contains ``text`` (e.g. a run's dump folder)."""
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/cmdline").read_bytes()
-            status = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        if status.split(") ", 1)[-1].startswith("Z"):
-            continue  # zombie already exited
-        cmd = raw.replace(b"\0", b" ").decode(errors="replace")
+    for pid in pids():
+        cmd = cmdline(pid) if pid != os.getpid() else None
+        if cmd is None or state(pid) in ("", "Z"):
+            continue  # gone, or a zombie that already exited
         if text in cmd:
-            found.append((int(entry), cmd))
+            found.append((pid, cmd))
     return found
 
 

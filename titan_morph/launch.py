@@ -37,7 +37,6 @@ checkpoint. At most :data:`MAX_RELAUNCHES` times per run.
 """
 
 import contextlib
-import ctypes
 import importlib
 import os
 import re
@@ -51,6 +50,15 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from titan_morph.comm.system import (
+    SHM_DIR,
+    become_subreaper,
+    descendants,
+    die_with_parent,
+    proc_status,
+    segments_in_use,
+    shm_segments,
+)
 from titan_morph.integration.relaunch import HOSTS_ENV, MOVES_ENV, RELAUNCH_ENV, SLOW_ENV, take_request
 
 CONFIG_MODULE = "titan_morph.integration.config"
@@ -62,14 +70,10 @@ DEGREES = (
     "data_parallel_replicate_degree",
     "data_parallel_shard_degree",
 )
-SHM_DIR = "/dev/shm"
-SHM_PREFIX = "titan_morph_"
 STOP_GRACE_S = 10.0
 """Seconds stray processes get between SIGTERM and SIGKILL once torchrun has exited."""
 EXIT_BAD_CONFIG = 2
 MAX_RELAUNCHES = 8
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
 
 
 class LaunchError(Exception):
@@ -320,19 +324,6 @@ def world_size(config_file: str, overrides: list[str]) -> int:
 # Running torchrun with nothing left behind
 
 
-def _prctl(option: int, value: int) -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Ask Linux to send ``sig`` to this process when its parent exits (Linux only; else no-op)."""
-    _prctl(_PR_SET_PDEATHSIG, int(sig))
-
-
 def torchrun_command(
     config_file: str | Path, dump_folder: str | Path, nproc: int, overrides: Sequence[str] = (), python: str = ""
 ) -> list[str]:
@@ -373,46 +364,7 @@ def _with_log_dir(cmd: list[str], log_dir: str) -> list[str]:
     return cmd
 
 
-def process_table() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, state letter) of every live process."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields_ = stat.rsplit(")", 1)[-1].split()
-            table[int(entry)] = (int(fields_[1]), fields_[0])
-    return table
-
-
-def descendants(root: int | None = None) -> list[int]:
-    """Live (non-zombie) processes below ``root`` (default: this process)."""
-    root = os.getpid() if root is None else root
-    table = process_table()
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    found, todo = [], list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        if table.get(pid, (0, "Z"))[1] != "Z":
-            found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
-
-
 _TERMINATING = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGINT - 1))
-
-
-def proc_status(pid: int) -> dict[str, str]:
-    """The fields of ``/proc/<pid>/status`` (name -> value, stripped); empty when ``pid`` is gone."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text(errors="replace")
-    except OSError:
-        return {}
-    return {k: v.strip() for k, v in (line.split(":", 1) for line in text.splitlines() if ":" in line)}
 
 
 def stopped_with_termination_pending(pid: int) -> bool:
@@ -464,40 +416,12 @@ def stop_descendants(grace_s: float = STOP_GRACE_S) -> list[int]:
     return left
 
 
-def shm_segments() -> set[str]:
-    """Names of the titan_morph shared-memory segments that exist now."""
-    try:
-        return {n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIX)}
-    except OSError:
-        return set()
-
-
-def _segments_in_use() -> set[str]:
-    """titan_morph segments that some live process maps or holds open."""
-    used = set()
-    marker = f"{SHM_DIR}/{SHM_PREFIX}"
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{entry}/maps").read_text().splitlines():
-                if marker in line:
-                    used.add(line.split(marker, 1)[1].split()[0].removesuffix("(deleted)"))
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{entry}/fd"):
-                with contextlib.suppress(OSError):
-                    target = os.readlink(f"/proc/{entry}/fd/{fd}")
-                    if target.startswith(marker):
-                        used.add(target[len(marker) :].split()[0])
-    return {SHM_PREFIX + name for name in used}
-
-
 def remove_stale_segments(existing_before: set[str]) -> list[str]:
     """Remove segments that appeared since ``existing_before`` and nobody uses any more."""
     new = shm_segments() - existing_before
     if not new:
         return []
-    stale = sorted(new - _segments_in_use())
+    stale = sorted(new - segments_in_use())
     for name in stale:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(SHM_DIR, name))
@@ -511,7 +435,7 @@ def supervise(cmd: list[str], env: Mapping[str, str] | None = None) -> int:
     The first SIGINT/SIGTERM/SIGHUP is passed on to torchrun, which stops its ranks; a second one
     kills everything at once. A clean exit with a relaunch request starts the command again.
     """
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    become_subreaper()
     log_dir = tempfile.mkdtemp(prefix="titan_morph_torchrun_")
     child_env = dict(os.environ if env is None else env)
     child_env.setdefault("TITAN_MORPH_RUN_ID", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")

@@ -15,24 +15,16 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.launch import run_ranks
-from titan_morph.launch import process_table
+from titan_morph.comm.system import process_name, process_table
 
 
 def children(pid: int) -> list[int]:
     """Live child processes of ``pid``."""
     return sorted(child for child, (parent, state) in process_table().items() if parent == pid and state != "Z")
-
-
-def process_name(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
 
 
 def _exchange(tr, rank: int, value: float, peer: int | None = None) -> list[float]:

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from tests.launch import DEFAULT_CONFIG, REPO
+from titan_morph.comm.system import segments_in_use, shm_segments
 from titan_morph.compare.runner import MARKER_ENV, marked_processes
-from titan_morph.launch import LaunchError, load_toml, shm_segments, tyro_error_line
+from titan_morph.launch import LaunchError, load_toml, tyro_error_line
 
 SYNTHETIC = REPO / "train_configs" / "synthetic_cpu.toml"
 HANG_GUARD_S = 120
@@ -179,8 +180,6 @@ class _Run:
             pytest.fail(f"run_train.sh did not finish within {timeout_s} s:\n{self.output()[-4000:]}")
 
     def assert_nothing_left(self) -> None:
-        from titan_morph.launch import _segments_in_use
-
         deadline = time.monotonic() + 5  # exited processes may take a moment to be reaped by init
         while (procs := marked_processes(self.run_id)) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -188,7 +187,7 @@ class _Run:
         # torch's compile cache (torchinductor_<user>) is shared between runs on purpose
         left = sorted(p.name for p in self.tmpdir.iterdir() if not p.name.startswith("torchinductor_"))
         assert not left, f"files left in the run's TMPDIR (torchrun logs?): {left}"
-        stale = (shm_segments() - self.segments_before) - _segments_in_use()
+        stale = (shm_segments() - self.segments_before) - segments_in_use()
         assert not stale, f"shared-memory segments left behind: {sorted(stale)}"
 
 

@@ -39,7 +39,6 @@ root notices, terminates the delegates, unlinks this rank's segments and exits.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import select
@@ -50,29 +49,16 @@ import threading
 import time
 from typing import Any
 
+from titan_morph.comm.system import die_with_parent, set_process_name
+
 RECORD = struct.Struct("<qqqqqd")  # kind, a, b, c, d, t — 48 bytes (< PIPE_BUF: atomic writes)
 # kinds: READY (delegate joined its pair), NEWSEG/MSG (data plane), STOP (command), ERROR (delegate
 # failed; details on its stderr), EXITED (root status pipe: a = role index, b = pid, c = exit code,
 # negative = killed by that signal)
 READY, NEWSEG, MSG, STOP, ERROR, EXITED = 1, 2, 3, 4, 5, 6
 END_SEQ = -1  # header sequence number of the close handshake
-PR_SET_PDEATHSIG = 1
-PR_SET_NAME = 15
 POLL_S = 0.2  # parent-death / stop polling interval
 FLAG_SPIN_S = 50e-6
-
-
-def _prctl(option: int, value: int | bytes) -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-
-
-def set_pdeathsig(sig: int = signal.SIGTERM) -> None:
-    """Ask Linux to send ``sig`` to this process when its parent dies (no-op elsewhere)."""
-    _prctl(PR_SET_PDEATHSIG, int(sig))
 
 
 def role_name(role: dict[str, Any]) -> str:
@@ -247,8 +233,8 @@ def _recv_loop(role: dict[str, Any], dist: Any, torch: Any) -> None:
 
 
 def _run_role(role: dict[str, Any], spec: dict[str, Any], root_pid: int) -> None:
-    set_pdeathsig(signal.SIGTERM)
-    _prctl(PR_SET_NAME, role_name(role).encode())
+    die_with_parent(signal.SIGTERM)
+    set_process_name(role_name(role))
     prefix = role["prefix"]
     if os.getppid() != root_pid:
         _exit(0, prefix)
@@ -319,7 +305,7 @@ def main(argv: list[str]) -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
     spec = json.loads(argv[-1])
     parent = int(spec["parent"])
-    set_pdeathsig(signal.SIGTERM)
+    die_with_parent(signal.SIGTERM)
     stage_prefix = spec["stage_prefix"]
     status_fd = spec.get("status_fd")
     if os.getppid() != parent:

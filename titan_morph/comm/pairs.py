@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from titan_morph.comm.records import MessageRecord
+from titan_morph.comm.system import fd_targets
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 from titan_morph.comm.transport import Handle, TorchTransport, classify_op
 
@@ -52,15 +53,7 @@ class LinkFailedError(RuntimeError):
 
 def _sockets() -> dict[int, str]:
     """This process's socket descriptors and their inodes."""
-    out = {}
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:"):
-            out[int(fd)] = target
-    return out
+    return {fd: target for fd, target in fd_targets().items() if target.startswith("socket:")}
 
 
 class PairGroup:

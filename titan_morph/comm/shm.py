@@ -26,15 +26,15 @@ offset (:func:`layout`), so dtype views of a slot are always aligned.
 from __future__ import annotations
 
 import ctypes
-import glob
 import mmap
 import os
 from collections.abc import Sequence
 
 import torch
 
-PREFIX = "titan_morph_"
-SHM_DIR = "/dev/shm"
+from titan_morph.comm.system import SHM_DIR, SHM_PREFIX, mapped_paths, shm_segments
+
+PREFIX = SHM_PREFIX
 ALIGN = 64
 FLAG_WORDS = 8  # int64 words per slot header (one cache line)
 FILLED = READY = 0  # written by the producer of the slot's data
@@ -193,12 +193,7 @@ class Segment:
 
 def _libcudart() -> ctypes.CDLL | None:
     """The CUDA runtime library this process has loaded (torch's), or None."""
-    try:
-        with open("/proc/self/maps") as fh:
-            paths = {line.split()[-1] for line in fh if "libcudart.so" in line}
-    except OSError:
-        return None
-    for path in sorted(paths):
+    for path in sorted(p for p in mapped_paths() if "libcudart.so" in p):
         try:
             return ctypes.CDLL(path)
         except OSError:
@@ -230,10 +225,10 @@ def unlink_prefix(prefix: str) -> list[str]:
     if not prefix.startswith(PREFIX):
         raise ValueError(f"refusing to unlink segments outside the {PREFIX!r} namespace: {prefix!r}")
     removed = []
-    for path in glob.glob(os.path.join(SHM_DIR, glob.escape(prefix) + "*")):
+    for name in shm_segments(prefix):
         try:
-            os.unlink(path)
-            removed.append(os.path.basename(path))
+            os.unlink(os.path.join(SHM_DIR, name))
+            removed.append(name)
         except FileNotFoundError:
             pass
     return removed
@@ -241,4 +236,4 @@ def unlink_prefix(prefix: str) -> list[str]:
 
 def leftovers(prefix: str = PREFIX) -> list[str]:
     """Names of existing segments starting with ``prefix``."""
-    return sorted(os.path.basename(p) for p in glob.glob(os.path.join(SHM_DIR, glob.escape(prefix) + "*")))
+    return sorted(shm_segments(prefix))

@@ -20,6 +20,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from titan_morph.comm.system import (
+    SHM_DIR,
+    SHM_PREFIX,
+    cmdline,
+    environ,
+    pids,
+    shm_segments,
+    signal_group,
+    signal_process,
+    state,
+)
+
 __all__ = [
     "Outcome",
     "Progress",
@@ -39,8 +51,6 @@ LOG_FILE = "train.log"
 MARKER_ENV = "TITAN_MORPH_COMPARE_RUN"
 """Set (to the run folder) in every job's environment: inherited by its ranks and their delegate
 processes, so the harness can find whatever a job leaves behind and stop only its own processes."""
-SHM_DIR = "/dev/shm"
-SHM_PREFIX = "titan_morph_"
 _TOKEN_RE = re.compile(r"--run=([0-9a-f]+)")
 _TRAINING_STARTED = "Training starts at step"  # TorchTitan's log line once the trainer is built
 _STEP_RE = re.compile(r"\bstep:\s*(\d+)\s")
@@ -131,7 +141,7 @@ def run_command(
     config: Path, dump: Path, nproc: int, steps: int, overrides: Sequence[str], python: str = sys.executable
 ) -> list[str]:
     """The torchrun command of one job (standalone rendezvous: a free port per job)."""
-    from titan_morph.launch import torchrun_command
+    from titan_morph.integration.supervisor import torchrun_command
 
     return torchrun_command(config, dump, nproc, ["--training.steps", str(steps), *overrides], python)
 
@@ -161,9 +171,7 @@ def last_logged_step(log: str) -> int:
 
 def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
+        if not signal_group(proc.pid, sig):
             return
         try:
             proc.wait(timeout=grace_s)
@@ -176,29 +184,18 @@ def marked_processes(value: str) -> list[tuple[int, str]]:
     """(pid, command line) of live processes whose environment has ``MARKER_ENV=value``."""
     needle = f"{MARKER_ENV}={value}".encode()
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
+    for pid in pids():
+        if pid == os.getpid() or needle not in (environ(pid) or ()):
             continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-            if needle not in environ.split(b"\0"):
-                continue
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if stat.rsplit(") ", 1)[-1].startswith("Z"):
-            continue  # exited, not yet reaped
-        found.append((int(entry), cmd))
+        cmd = cmdline(pid)
+        if cmd is None or state(pid) in ("", "Z"):
+            continue  # gone, or exited and not yet reaped
+        found.append((pid, cmd))
     return found
 
 
 def _segments(tokens: set[str]) -> list[str]:
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return []
-    return sorted(n for n in names if any(n.startswith(f"{SHM_PREFIX}{t}") for t in tokens))
+    return sorted(n for n in shm_segments() if any(n.startswith(f"{SHM_PREFIX}{t}") for t in tokens))
 
 
 def _clean_up(marker: str, tokens: set[str], grace_s: float) -> tuple[list[int], list[str]]:
@@ -209,13 +206,10 @@ def _clean_up(marker: str, tokens: set[str], grace_s: float) -> tuple[list[int],
         if (not procs and not segs) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    pids = [pid for pid, _ in procs]
-    for pid in pids:  # ours: they carry this job's marker
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    if pids:
+    killed = [pid for pid, _ in procs]
+    for pid in killed:  # ours: they carry this job's marker
+        signal_process(pid, signal.SIGKILL)
+    if killed:
         time.sleep(0.5)
     segs = _segments(tokens)
     for name in segs:
@@ -223,7 +217,7 @@ def _clean_up(marker: str, tokens: set[str], grace_s: float) -> tuple[list[int],
             os.unlink(os.path.join(SHM_DIR, name))
         except OSError:
             pass
-    return pids, segs
+    return killed, segs
 
 
 def prepare_run_dir(dump: Path) -> None:
@@ -245,7 +239,7 @@ def run_job(
 ) -> Outcome:
     """Run ``command`` (from :func:`run_command`) with its output in ``dump/train.log``; never raises
     for a failing job (the outcome says how it ended), only for Ctrl-C after killing it."""
-    from titan_morph.launch import release_stopped
+    from titan_morph.integration.supervisor import release_stopped
 
     prepare_run_dir(dump)
     marker = str(dump)
@@ -307,7 +301,7 @@ def run_job(
 def run_checked(config: Path, dump: Path, overrides: Sequence[str], timeout_s: float, nproc: int = 4) -> Path:
     """One ``nproc``-rank job of ``config`` with :func:`run_job`'s clean-up; raise ``RuntimeError``
     (with the end of its log) unless it finished. For scripts that need every run (benchmarks)."""
-    from titan_morph.launch import torchrun_command
+    from titan_morph.integration.supervisor import torchrun_command
 
     args = ["--parallelism.pipeline_parallel_degree", str(nproc), *overrides]
     command = torchrun_command(config, dump, nproc, args)
