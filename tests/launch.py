@@ -217,7 +217,7 @@ def torchrun(
     env: dict[str, str] | None = None,
 ) -> RunResult:
     """``torchrun --standalone`` (free rendezvous port) of ``python -m titan_morph.train`` on ``nproc`` ranks."""
-    from titan_morph.launch import torchrun_command
+    from titan_morph.integration.supervisor import torchrun_command
 
     overrides = ("--parallelism.pipeline_parallel_degree", str(nproc), *overrides)
     cmd = torchrun_command(config, dump_folder, nproc, overrides)

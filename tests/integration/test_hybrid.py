@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.launch import REPO, RunResult, launch
-from titan_morph.launch import torchrun_command
+from titan_morph.integration.supervisor import torchrun_command
 
 CONFIG = REPO / "train_configs" / "hybrid_cpu.toml"
 PLUGIN_ENV = {"PYTHONPATH": str(REPO / "tests" / "integration")}

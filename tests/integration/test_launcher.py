@@ -21,7 +21,8 @@ import pytest
 from tests.launch import DEFAULT_CONFIG, REPO
 from titan_morph.comm.system import segments_in_use, shm_segments
 from titan_morph.compare.runner import MARKER_ENV, marked_processes
-from titan_morph.launch import LaunchError, load_toml, tyro_error_line
+from titan_morph.config import ConfigError
+from titan_morph.integration.jobconfig import load_toml
 
 SYNTHETIC = REPO / "train_configs" / "synthetic_cpu.toml"
 HANG_GUARD_S = 120
@@ -116,30 +117,34 @@ def test_bad_input_is_one_line_and_exit_2_before_any_rank(case, tmp_path):
     print(f"{case}: exit 2 after {seconds:.1f} s: {lines[0]}")
 
 
-def test_tyro_messages_become_one_line():
-    box = (
-        "╭─ Invalid choice ──────────╮\n"
-        "│ invalid choice 'x' for argument '--morph.inject.mode'. Expected one of │\n"
-        "│ ('none', 'static', 'random', 'trace').                                 │\n"
-        "│ ─────────────────────────── │\n"
-        "│ For full helptext, run train.py --help │\n"
-        "╰───────────────────────────╯\n"
-    )
-    assert tyro_error_line(box) == "morph.inject.mode: 'x' is not one of none, static, random, trace"
-    unknown = (
-        "╭─ Unrecognized options ─╮\n│ Unrecognized options: --training.stepz, 3 │\n│ ─────── │\n"
-        "│ Perhaps you meant: │\n│     --training.steps INT │\n│ (default: 10) │\n╰────╯\n"
-    )
-    assert tyro_error_line(unknown) == "unrecognized option(s): --training.stepz, 3 (did you mean --training.steps?)"
-    assert tyro_error_line("plain text\nlast line\n") == "last line"
+def test_overrides_are_checked_against_the_schema_before_the_parser():
+    """Unknown options, choices and numbers are named by key from the dataclass tree itself."""
+    from torchtitan.config import JobConfig as TitanJobConfig
+
+    from titan_morph.config.cli import check_overrides, option_fields
+    from titan_morph.config.schema import JobConfig as MorphJobConfig
+
+    options = {**option_fields(TitanJobConfig), **option_fields(MorphJobConfig)}
+    cases = {
+        ("--morph.inject.mode", "x"): "morph.inject.mode: 'x' is not one of none, static, random, trace, break",
+        ("--training.stepz", "3"): "unrecognized option(s): --training.stepz (did you mean --training.steps?)",
+        ("--training.steps=ten",): "training.steps: 'ten' is not an integer",
+        ("--morph.detect-margin", "wide"): "morph.detect_margin: 'wide' is not a number",
+    }
+    for argv, message in cases.items():
+        with pytest.raises(ConfigError) as err:
+            check_overrides(list(argv), options)
+        assert str(err.value) == message
+    good = ["--training.steps", "3", "--compile.enable", "--compile.no-enable", "--morph.no-adapt", "--morph.search"]
+    check_overrides([*good, "--morph.inject.delays_ms", "0,0,60", "--parallelism.pipeline_parallel_degree=2"], options)
 
 
 def test_toml_errors_name_file_and_line(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[job]\ndump_folder = "x"\n[training]\nsteps = \n')
-    with pytest.raises(LaunchError, match=rf"^{bad}:4:9: invalid TOML: Invalid value$"):
+    with pytest.raises(ConfigError, match=rf"^{bad}:4:9: invalid TOML: Invalid value$"):
         load_toml(bad)
-    with pytest.raises(LaunchError, match="file not found"):
+    with pytest.raises(ConfigError, match="file not found"):
         load_toml(tmp_path / "missing.toml")
 
 
@@ -231,7 +236,7 @@ def test_a_stopped_process_asked_to_terminate_is_released_at_once() -> None:
     """torchrun stops a failed job with SIGTERM; a rank stopped by SIGSTOP would keep it until the
     SIGKILL 30 s later. The launcher continues such a process so that its SIGTERM ends it now."""
 
-    from titan_morph.launch import release_stopped, stopped_with_termination_pending
+    from titan_morph.integration.supervisor import release_stopped, stopped_with_termination_pending
 
     proc = subprocess.Popen(["sleep", "60"])
     try:
