@@ -47,7 +47,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from titan_morph.comm.system import die_with_parent, set_process_name
 
@@ -92,7 +92,7 @@ def read_exact(fd: int, n: int) -> bytes | None:
     return buf
 
 
-def _exit(code: int, prefix: str | None) -> None:
+def _exit(code: int, prefix: str | None) -> NoReturn:
     if prefix:
         from titan_morph.comm.shm import unlink_prefix
 
@@ -245,13 +245,14 @@ def _run_role(role: dict[str, Any], spec: dict[str, Any], root_pid: int) -> None
 
         import torch
         import torch.distributed as dist
+        from torch._C._distributed_c10d import PrefixStore, TCPStore
 
         torch.set_num_threads(1)
         host, port = spec["store"].rsplit(":", 1)
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=spec["startup_timeout_s"]))
+        store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=spec["startup_timeout_s"]))
         dist.init_process_group(
             "gloo",
-            store=dist.PrefixStore(role["pg_prefix"], store),
+            store=PrefixStore(role["pg_prefix"], store),
             rank=0 if role["send"] else 1,
             world_size=2,
             timeout=timedelta(seconds=spec["wire_timeout_s"]),

@@ -23,12 +23,14 @@ import socket
 import threading
 import time
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, Store
 
 from titan_morph.comm.records import MessageRecord
 from titan_morph.comm.system import fd_targets
@@ -63,7 +65,7 @@ class PairGroup:
 
     def __init__(
         self,
-        store: dist.Store,
+        store: Store,
         namespace: str,
         link: int,
         tag: str,
@@ -76,7 +78,7 @@ class PairGroup:
         self.link, self.tag, self.index, self.peer = link, tag, index, 1 - index
         self.backend = backend
         self.broken = ""
-        prefixed = dist.PrefixStore(f"{namespace}/{link}/{tag}", store)
+        prefixed = PrefixStore(f"{namespace}/{link}/{tag}", store)
         timeout = timedelta(seconds=timeout_s)
         with _create_lock:
             before = _sockets()
@@ -145,7 +147,7 @@ class LinkGroups:
         *,
         stage: int,
         num_stages: int,
-        store: dist.Store | None = None,
+        store: Store | None = None,
         namespace: str,
         backend: str = "gloo",
         timeouts: CommTimeouts = DEFAULT_TIMEOUTS,
@@ -250,7 +252,8 @@ class _LinkHandle:
 
     __slots__ = ("owner", "work", "ops", "link", "direction", "send", "group")
     record: MessageRecord | None = None
-    due_s = None
+    due_s: float | None = None
+    ops: Sequence[dist.P2POp]
 
     def __init__(
         self, owner: LinkTransport, work: Any, op: dist.P2POp, link: int, direction: str, send: bool, group: PairGroup
@@ -283,7 +286,10 @@ class LinkTransport(TorchTransport):
         self.groups = groups
         self.timeouts = groups.timeouts
         self.stage, self.num_stages = groups.stage, groups.num_stages
-        self._group_name = (group if group is not None else dist.group.WORLD).group_name
+        world = group if group is not None else dist.group.WORLD
+        if world is None:
+            raise RuntimeError("LinkTransport needs an initialised torch.distributed (no default process group)")
+        self._group_name = world.group_name
 
     def set_step(self, step: int) -> None:
         self.groups.set_step(step)

@@ -157,7 +157,7 @@ class Segment:
         report as its own: it is cleared here, and the error is raised by name."""
         if self._pinned:
             return
-        rc = int(torch.cuda.cudart().cudaHostRegister(self.data.data_ptr(), self.size, 0))
+        rc = int(torch.cuda.cudart().cudaHostRegister(self.data.data_ptr(), self.size, 0))  # type: ignore[no-untyped-call]
         if rc != 0:
             clear_cuda_error()
             raise RuntimeError(
@@ -172,7 +172,7 @@ class Segment:
         """Unmap (best effort: views handed out keep the mapping alive until collected)."""
         if self._pinned:
             try:
-                torch.cuda.cudart().cudaHostUnregister(self.data.data_ptr())
+                torch.cuda.cudart().cudaHostUnregister(self.data.data_ptr())  # type: ignore[no-untyped-call]
             except Exception:
                 pass
             self._pinned = False
@@ -214,7 +214,7 @@ def cuda_error_name(code: int) -> str:
     lib = _libcudart()
     if lib is not None:
         lib.cudaGetErrorName.restype = ctypes.c_char_p
-        name = lib.cudaGetErrorName(ctypes.c_int(code))
+        name: bytes | None = lib.cudaGetErrorName(ctypes.c_int(code))
         if name:
             return name.decode()
     return f"cudaError {code}"

@@ -12,6 +12,7 @@ import ctypes
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = [
@@ -185,22 +186,22 @@ def mapped_paths(pid: int | str = "self") -> set[str]:
 # Signals
 
 
-def signal_process(pid: int, sig: int) -> bool:
-    """Send ``sig`` to ``pid``; False when it is already gone (not an error: it ended on its own)."""
+def _delivered(send: Callable[[int, int], None], target: int, sig: int) -> bool:
     try:
-        os.kill(pid, sig)
+        send(target, sig)
     except ProcessLookupError:
         return False
     return True
+
+
+def signal_process(pid: int, sig: int) -> bool:
+    """Send ``sig`` to ``pid``; False when it is already gone (not an error: it ended on its own)."""
+    return _delivered(os.kill, pid, sig)
 
 
 def signal_group(pgid: int, sig: int) -> bool:
     """Send ``sig`` to process group ``pgid``; False when no process of it is left."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    return True
+    return _delivered(os.killpg, pgid, sig)
 
 
 # --------------------------------------------------------------------------------------------
