@@ -1,0 +1,241 @@
+"""The messages of a :class:`~titan_morph.comm.failover.FailoverTransport` and their replay on a new path.
+
+Every message is kept for the current and the previous step. When a link moves after a failure,
+the sending side re-sends (on a re-sender thread per (link, direction), oldest first, ahead of later
+sends) every message of the failed step, and the receiving side posts again each receive of that
+step: a discard for a message already here, the receive itself for one that is not. Both ends thus
+carry the same sequence on the new path.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import torch
+import torch.distributed as dist
+
+from titan_morph.comm.failover_router import PATH_ERRORS, Router
+from titan_morph.comm.pairs import LinkFailedError
+from titan_morph.comm.records import CommTimeoutError, MessageRecord
+from titan_morph.comm.transport import Handle
+
+__all__ = ["Message", "Recv", "Resender"]
+
+SETTLE_S = 0.05  # how long a receive on a failed path may take to show it is complete
+
+
+class Message:
+    """A pipeline message through the failover transport: its (link, direction), the step it belongs
+    to, its ops and the handles of the path that carries it now (``path``, as of ``gen``)."""
+
+    due_s = None
+
+    def __init__(self, owner: Resender, key: tuple[int, str], step: int, ops: list[dist.P2POp]) -> None:
+        self.owner, self.key, self.step, self.ops = owner, key, step, ops
+        self.inner: list[Handle] = []
+        self.path = ""
+        self.gen = -1
+        self.issued = threading.Event()
+        self.done = False
+        self.error: BaseException | None = None
+
+    @property
+    def record(self) -> MessageRecord | None:
+        return self.inner[0].record if self.inner else None
+
+    def carry(self, handles: list[Handle], path: str, gen: int) -> None:
+        self.inner, self.path, self.gen = handles, path, gen
+        self.issued.set()
+
+    def is_completed(self) -> bool:
+        return self.done
+
+    def wait(self, timeout: float | None = None) -> bool:
+        router = self.owner.router
+        bound = router.timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + bound
+        while not self.done:
+            if not self.issued.wait(max(0.0, deadline - time.monotonic())):
+                link, d = self.key
+                raise CommTimeoutError(
+                    f"{router.where()}: message of step {self.step} on link {link} ({d}) was not re-issued on its "
+                    f"new path within {bound:.3g} s"
+                )
+            if self.error is not None:
+                raise self.error
+            with router.lock:
+                handles, gen, path = self.inner, self.gen, self.path
+            try:
+                for h in handles:
+                    h.wait(max(1e-3, deadline - time.monotonic()))
+            except PATH_ERRORS as e:
+                router.failed_at(self.key[0], path, gen, e)  # raises when no path is left
+                continue
+            if not self._before_done(gen):
+                continue  # moved while we waited: the new path also delivers (the same bytes), wait for it
+        return True
+
+    def _before_done(self, gen: int) -> bool:
+        with self.owner.router.lock:
+            if self.gen != gen:
+                return False
+            self.done = True
+            return True
+
+
+class Recv(Message):
+    def wait(self, timeout: float | None = None) -> bool:
+        self.owner.drain_discards(self.key, self)
+        return super().wait(timeout)
+
+    def settle(self) -> bool:
+        """Whether this receive's data is already here on its (failed) path, without waiting for it."""
+        if self.done:
+            return True
+        if not self.issued.is_set():
+            return False
+        try:
+            for h in self.inner:
+                h.wait(SETTLE_S)
+        except Exception:
+            return False
+        self.done = True
+        return True
+
+
+class Resender:
+    """The messages of the current and the previous step, and their replay after a move."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self._sends: dict[tuple[int, str], list[Message]] = {}  # this and the previous step's, in order
+        self._recvs: dict[tuple[int, str], list[Recv]] = {}
+        self._outbox: dict[tuple[int, str], deque[Message]] = {}  # sends waiting for the re-sender
+        self._resenders: dict[tuple[int, str], threading.Thread] = {}
+        self._discards: dict[tuple[int, str], deque[tuple[Recv, list[Handle], list[torch.Tensor]]]] = {}
+
+    def keep(self, msg: Message) -> bool:
+        """Track ``msg`` (caller holds the lock); True when a re-send of its key is under way and
+        ``msg`` was queued behind it."""
+        if isinstance(msg, Recv):
+            self._recvs.setdefault(msg.key, []).append(msg)
+            return False
+        self._sends.setdefault(msg.key, []).append(msg)
+        if self._outbox.get(msg.key):
+            self._outbox[msg.key].append(msg)
+            return True
+        return False
+
+    def forget_before(self, step: int) -> None:
+        """Drop messages older than step ``step - 1`` (caller holds the lock)."""
+        for key, sends in self._sends.items():
+            self._sends[key] = [m for m in sends if m.step >= step - 1]
+        for key, recvs in self._recvs.items():
+            self._recvs[key] = [m for m in recvs if m.step >= step - 1]
+
+    def drain_all(self) -> None:
+        for key in list(self._discards):
+            self.drain_discards(key, None)
+
+    def replay(self, key: tuple[int, str], sends: bool, step: int, new: str, gen: int) -> None:
+        """After a move of ``key`` to path ``new`` (as of ``gen``): re-issue its traffic since ``step``."""
+        if sends:
+            self._resend(key, step)
+        else:
+            self._repost(key, step, new, gen)
+
+    def queue(self, msg: Message) -> None:
+        """Have the re-sender issue ``msg`` on its key's current path (caller holds the lock)."""
+        self._outbox.setdefault(msg.key, deque()).append(msg)
+        self._start_resender(msg.key)
+
+    def _resend(self, key: tuple[int, str], step: int) -> None:
+        """Queue every send of ``key`` since ``step`` for the re-sender (in order), ahead of later ones."""
+        again = [m for m in self._sends.get(key, []) if m.step >= step and m.issued.is_set()]
+        for m in again:
+            m.issued.clear()
+            for h in m.inner:
+                if h.record is not None:
+                    h.record.status = "error"  # the old path's copy: left out of the statistics
+        queue = self._outbox.setdefault(key, deque())
+        queue.extendleft(reversed(again))
+        if queue:
+            self._start_resender(key)
+
+    def _start_resender(self, key: tuple[int, str]) -> None:
+        """Start the re-sender of ``key`` unless one runs (caller holds the lock)."""
+        running = self._resenders.get(key)
+        if running is None or not running.is_alive():
+            name = f"titan_morph-resend-{key[0]}{key[1]}"
+            self._resenders[key] = self.router.thread(lambda: self._resender(key), name)
+
+    def _resender(self, key: tuple[int, str]) -> None:
+        """Issues the queued sends of ``key`` on the link's current path, oldest first, without holding
+        the lock while a send may block (a full ring waits for the peer's consumer)."""
+        router, link = self.router, key[0]
+        while True:
+            with router.lock:
+                queue = self._outbox.get(key)
+                if not queue or router.closed:
+                    self._outbox.pop(key, None)
+                    self._resenders.pop(key, None)
+                    return
+                msg = queue[0]
+                path, gen = router.path_of(key), router.gen[link]
+                fatal = router.fatal.get(link)
+            if fatal is not None:
+                with router.lock:
+                    for m in self._outbox.pop(key, deque()):
+                        m.error = LinkFailedError(link, key[1], str(fatal))
+                        m.issued.set()
+                return
+            try:
+                handles = router.transport(path).batch_p2p(msg.ops)
+            except PATH_ERRORS as e:
+                try:
+                    router.failed_at(link, path, gen, e)
+                except LinkFailedError:
+                    pass  # recorded as fatal: the next round fails the queue
+                continue
+            with router.lock:
+                if queue and queue[0] is msg and router.gen[link] == gen:
+                    queue.popleft()
+                    msg.carry(handles, path, gen)
+
+    def _repost(self, key: tuple[int, str], step: int, new: str, gen: int) -> None:
+        """Post every receive of ``key`` since ``step`` again on path ``new``, in order: a discard for
+        each message already here, the receive itself for each one that is not."""
+        transport = self.router.transport(new)
+        for r in self._recvs.get(key, []):
+            if r.step < step:
+                continue
+            if r.settle():
+                scratch = [torch.empty_like(op.tensor) for op in r.ops]
+                ops = [dist.P2POp(dist.irecv, t, r.ops[0].group_peer, r.ops[0].group) for t in scratch]
+                self._discards.setdefault(key, deque()).append((r, transport.batch_p2p(ops), scratch))
+            else:
+                for h in r.inner:
+                    if h.record is not None:
+                        h.record.status = "error"
+                r.carry(transport.batch_p2p(r.ops), new, gen)
+
+    def drain_discards(self, key: tuple[int, str], upto: Recv | None) -> None:
+        """Consume the discarded copies posted for receives before ``upto`` (all of them when None)."""
+        while True:
+            with self.router.lock:
+                queue = self._discards.get(key)
+                if not queue:
+                    return
+                recv, handles, _ = queue[0]
+                if upto is not None:
+                    order = {id(r): i for i, r in enumerate(self._recvs.get(key, []))}
+                    if order.get(id(recv), -1) > order.get(id(upto), -1):
+                        return
+                queue.popleft()
+            for h in handles:
+                try:
+                    h.wait()
+                except PATH_ERRORS:
+                    pass  # the path failed again: its own move re-posts what is needed
