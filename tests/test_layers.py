@@ -1,9 +1,9 @@
 """The package layers point one way, the planner loads no torch, and nothing probes a transport.
 
 Layers, lowest first: pipelining (the planner) -> comm (transports) -> monitor -> runtime ->
-integration (TorchTitan glue, with the entry points ``titan_morph.train`` and ``titan_morph.launch``)
--> compare. A module may import its own layer and the ones below; every import counts, also those
-inside functions.
+config (the schema and its resolution, no TorchTitan) -> integration (TorchTitan glue, with the
+entry points ``titan_morph.train`` and ``titan_morph.launch``) -> compare. A module may import its
+own layer and the ones below; every import counts, also those inside functions.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "titan_morph"
-LAYERS = ("pipelining", "comm", "monitor", "runtime", "integration", "compare")
+LAYERS = ("pipelining", "comm", "monitor", "runtime", "config", "integration", "compare")
 ENTRY_POINTS = {"train": "integration", "launch": "integration"}
 PURE = ("pipelining", "monitor")  # no torch
 

@@ -22,7 +22,7 @@ import pytest
 
 from tests.launch import REPO, processes_mentioning
 from titan_morph.compare.__main__ import main as compare_main
-from titan_morph.compare.configs import ComparisonError, resolve_job_config
+from titan_morph.compare.configs import ComparisonError, resolve_settings
 from titan_morph.compare.results import RunSummary
 from titan_morph.compare.runner import MARKER_ENV, Outcome, error_line, marked_processes, run_job
 from titan_morph.compare.scenarios import SCENARIOS, ScenarioError, expand, get_scenario
@@ -130,17 +130,17 @@ def test_every_scenario_and_variant_resolves() -> None:
     pairs = [(name, case, parse_variants("PipeMorph")[0]) for name, case in cases]
     pairs += [("last-link-60ms", last_link, variant) for variant in parse_variants(",".join(VARIANTS))]
     for name, case, variant in pairs:
-        cfg = resolve_job_config(CONFIG, ["--training.steps", "5", *variant.overrides, *case.overrides])
-        assert cfg.parallelism.pipeline_parallel_schedule == variant.schedule
+        cfg = resolve_settings(CONFIG, ["--training.steps", "5", *variant.overrides, *case.overrides])
+        assert cfg.job.schedule == variant.schedule
         assert cfg.morph.transport == variant.transport and cfg.morph.adapt == variant.adapt
         assert cfg.morph.inject.start_step == 1, (name, case.name)
         if name.startswith("fig18"):
-            assert cfg.morph.inject.links == [] and cfg.morph.inject.random_mean_ms == 30.0
+            assert cfg.morph.inject.links == () and cfg.morph.inject.random_mean_ms == 30.0
 
 
 def test_bad_override_is_one_clear_error() -> None:
     with pytest.raises(ComparisonError, match="morph.transport"):
-        resolve_job_config(CONFIG, ["--morph.transport", "carrier-pigeon"])
+        resolve_settings(CONFIG, ["--morph.transport", "carrier-pigeon"])
 
 
 # ------------------------------------------------------------------ CLI without training (fast)

@@ -78,12 +78,32 @@ BAD_INPUTS = {
         "morph.transprot: unknown key (did you mean transport?)",
     ),
     "toml-bad-value": ('[morph]\nmonitor = "false"\n', "error: morph.monitor: 'false' is not a boolean"),
+    "pp-degree-0": (
+        ["--parallelism.pipeline_parallel_degree", "0"],
+        "error: parallelism.pipeline_parallel_degree: 0 must be >= 1",
+    ),
+    "steps-0": (["--training.steps", "0"], "error: training.steps: 0 must be >= 1"),
+    "microbatch-size-3": (
+        ["--parallelism.pipeline_parallel_microbatch_size", "3"],
+        "error: parallelism.pipeline_parallel_microbatch_size: 3 must be >= 1 and divide training.local_batch_size (8)",
+    ),
+    "timeout-0": (["--comm.train_timeout_seconds", "0"], "error: comm.train_timeout_seconds: 0.0 must be"),
+}
+
+BAD_LAUNCHER_VARIABLES = {
+    "ngpu-3": ({"NGPU": "3"}, "error: NGPU: 3 ranks, but the parallel degrees need 4 (pipeline_parallel_degree 4)"),
+    "ngpu-zero": ({"NGPU": "0"}, "error: NGPU: '0' is not a number of ranks (>= 1)"),
+    "log-rank-7": ({"LOG_RANK": "7"}, "error: LOG_RANK: '7' must name ranks of this job, 0..3"),
 }
 
 
-@pytest.mark.parametrize("case", list(BAD_INPUTS))
+@pytest.mark.parametrize("case", [*BAD_INPUTS, *BAD_LAUNCHER_VARIABLES])
 def test_bad_input_is_one_line_and_exit_2_before_any_rank(case, tmp_path):
-    spec, expected = BAD_INPUTS[case]
+    variables: dict[str, str] = {}
+    if case in BAD_LAUNCHER_VARIABLES:
+        (variables, expected), spec = BAD_LAUNCHER_VARIABLES[case], []
+    else:
+        spec, expected = BAD_INPUTS[case]
     dump = tmp_path / "run"
     config = DEFAULT_CONFIG
     args: list[str] = []
@@ -95,7 +115,7 @@ def test_bad_input_is_one_line_and_exit_2_before_any_rank(case, tmp_path):
     result = subprocess.run(
         [str(REPO / "run_train.sh"), *args, "--job.dump_folder", str(dump)],
         cwd=REPO,
-        env=_env(CONFIG_FILE=str(config)),
+        env=_env(CONFIG_FILE=str(config), **variables),
         capture_output=True,
         text=True,
         timeout=HANG_GUARD_S,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from titan_morph.launch import LaunchError, check_devices
+from titan_morph.config import ConfigError
+from titan_morph.integration.launcher import check_devices
 
 
 def test_more_ranks_than_gpus_is_refused_with_one_line() -> None:
-    with pytest.raises(LaunchError) as err:
+    with pytest.raises(ConfigError) as err:
         check_devices(4, 1)
     message = str(err.value)
     assert message.startswith("NGPU: 4 ranks but this host has 1 CUDA device(s)") and "\n" not in message

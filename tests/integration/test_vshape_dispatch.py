@@ -3,20 +3,20 @@ for multi-stage schedules, the rank that logs the loss (no training here; see te
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
 
 from tests.launch import DEFAULT_CONFIG
+from titan_morph.config import ConfigError, resolve
 from titan_morph.integration import schedules
-from titan_morph.integration.config import MorphConfigError, validate_job_config
+from titan_morph.integration.jobconfig import job_view, load, settings_of
 from titan_morph.integration.train_spec import stages_per_rank
 
 
 def _parse(*args: str):
-    from torchtitan.config import ConfigManager
-
-    return ConfigManager().parse_args(["--job.config_file", str(DEFAULT_CONFIG), *args])
+    return load(DEFAULT_CONFIG, args)[0]
 
 
 def test_every_torchtitan_schedule_is_registered_with_its_placement():
@@ -69,17 +69,16 @@ def test_per_stage_options_count_the_vs_stages():
     """A V on PP=2 has 4 stages: per-stage lists take 4 values (per-link ones still one per link)."""
     args = ("--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "PipeMorphV")
     cfg = _parse(*args, "--morph.stage_times_ms", "1,2,1;1,2,1;1,2,1;1,2,1", "--morph.plan_delays_ms", "30")
-    validate_job_config(cfg, stages_per_rank=2)
-    with pytest.raises(MorphConfigError, match="stage_times_ms"):
-        validate_job_config(cfg, stages_per_rank=1)
-    from titan_morph.launch import validate
-
-    validate(cfg)  # the launcher's checks know the V from the schedule name
+    assert job_view(cfg).stages_per_rank == 2  # the launcher's checks know the V from the schedule name
+    assert len(settings_of(cfg).morph.stage_times_ms) == 12
+    one_per_rank = dataclasses.replace(job_view(cfg), stages_per_rank=1)
+    with pytest.raises(ConfigError, match="stage_times_ms"):
+        resolve(cfg.morph, one_per_rank)
 
 
 def test_a_v_logs_its_loss_from_rank_0():
-    from titan_morph.launch import _loss_rank
+    from titan_morph.integration.launcher import loss_rank
 
     for schedule, rank in (("PipeMorphV", 0), ("ZBVZeroBubble", 0), ("DualPipeV", 0), ("PipeMorph", 3)):
-        cfg = _parse("--parallelism.pipeline_parallel_schedule", schedule)
-        assert _loss_rank(cfg, 4) == rank, schedule
+        _, settings = load(DEFAULT_CONFIG, ["--parallelism.pipeline_parallel_schedule", schedule])
+        assert loss_rank(settings, 4) == rank, schedule

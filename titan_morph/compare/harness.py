@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from titan_morph.compare.configs import ComparisonError, pp_degree, resolve_job_config, world_size
+from titan_morph.compare.configs import ComparisonError, resolve_settings
 from titan_morph.compare.runner import Outcome, Progress, run_command, run_job
 from titan_morph.compare.scenarios import Case, Scenario, expand, get_scenario
 from titan_morph.compare.variants import Variant
@@ -153,15 +153,15 @@ def plan_comparison(
     if timeout <= 0:
         raise ComparisonError(f"--timeout must be > 0 seconds, got {timeout_s}")
     plan = ComparisonPlan(scenario, config, tuple(variants), (), steps, skip, scenario_dir, tuple(extra), timeout)
-    base = resolve_job_config(config, ["--training.steps", str(steps), *extra])
-    plan.cases = expand(scenario.name, pp_degree(base) - 1)
+    base = resolve_settings(config, ["--training.steps", str(steps), *extra])
+    plan.cases = expand(scenario.name, base.num_links)
     for case in plan.cases:
         for variant in plan.variants:
             args = [*variant.overrides, *case.overrides, *extra]
-            job_config = resolve_job_config(config, ["--training.steps", str(steps), *args])
+            settings = resolve_settings(config, ["--training.steps", str(steps), *args])
             run_dir = case_dir(scenario_dir, case) / variant.name
-            command = run_command(config, run_dir, world_size(config, args), steps, args)
-            sim, note = simulated_ms(job_config, variant, skip)
+            command = run_command(config, run_dir, settings.world_size, steps, args)
+            sim, note = simulated_ms(settings, variant, skip)
             plan.runs.append(PlannedRun(case, variant, run_dir, command, sim, note))
     return plan
 

@@ -16,36 +16,34 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
 
-from titan_morph.compare.configs import microbatches, pp_degree
 from titan_morph.compare.variants import Variant
+from titan_morph.config import MorphSettings, Settings
+from titan_morph.pipelining.model import Plan
 
 __all__ = ["simulated_ms"]
 
 _TORCH_FAMILIES = {"1F1B": "1f1b", "GPipe": "gpipe"}
 
 
-def adapted(variant: Variant, morph: Any, delays: tuple[float, ...] | None) -> bool:
+def adapted(variant: Variant, morph: MorphSettings, delays: tuple[float, ...] | None) -> bool:
     """Whether the run's plan is the adapted one (PipeMorph re-planning for static delays)."""
     return variant.schedule == "PipeMorph" and bool(morph.adapt) and delays is not None and any(d > 0 for d in delays)
 
 
 def _plan(
-    variant: Variant, morph: Any, stages: int, n: int, delays: tuple[float, ...] | None
-) -> tuple[Any, int | None]:
+    variant: Variant, morph: MorphSettings, stages: int, n: int, delays: tuple[float, ...] | None
+) -> tuple[Plan, int | None]:
     """(plan, link-queue depth to simulate it with), as the runtime and its monitor build them."""
-    from titan_morph.integration.assembly import FAMILIES, adapt_policy, cost_model, initial_plan, transport_depth
+    from titan_morph.integration.assembly import FAMILIES, adapt_policy, cost_model, initial_plan
     from titan_morph.monitor.replan import adapted_plan, search_iterations
     from titan_morph.pipelining.builders import build
 
     if variant.torch_builtin:
-        return build(_TORCH_FAMILIES[variant.schedule], cost_model(morph, stages, n, memory=False)), transport_depth(
-            morph
-        )
+        return build(_TORCH_FAMILIES[variant.schedule], cost_model(morph, stages, n, memory=False)), morph.depth
     family = FAMILIES[variant.schedule]
     if not adapted(variant, morph, delays):
-        return initial_plan(family, morph, stages, n), transport_depth(morph)
+        return initial_plan(family, morph, stages, n), morph.depth
     # The monitor's policy: with slow links delegated (auto/delegate) adapted plans drop the memory
     # cap (or use adapt_memory_budget) and are planned for the non-blocking path.
     policy = adapt_policy(family, morph, stages)
@@ -54,32 +52,32 @@ def _plan(
     return adapted_plan(model, search=policy.search, depth=policy.depth, iterations=iterations), policy.depth
 
 
-def simulated_ms(job_config: Any, variant: Variant, skip: int) -> tuple[float | None, str]:
+def simulated_ms(settings: Settings, variant: Variant, skip: int) -> tuple[float | None, str]:
     """(median simulated step makespan over steps > ``skip``, note); (None, why) when unavailable."""
-    from titan_morph.integration.config import link_model_from_config, stage_times
-    from titan_morph.pipelining.links import LinkDownError, StaticDelays, parse_delays
+    from titan_morph.config.links import link_model
+    from titan_morph.pipelining.links import LinkDownError, StaticDelays
     from titan_morph.pipelining.simulate import simulate
 
-    morph = job_config.morph
-    stages = pp_degree(job_config)
+    morph = settings.morph
+    stages = settings.stages
     if stages < 2:
         return None, "no pipeline"
     if morph.inject.rank_links:
         return None, "slow rank pairs (DP x PP): the pipeline simulator does not model DP collectives"
-    if stage_times(morph, stages) is None:
+    if morph.stage_times(stages) is None:
         return None, "compute times unknown (not the synthetic testbed, no stage_times_ms)"
-    steps = int(job_config.training.steps)
-    links = link_model_from_config(morph.inject, stages - 1, steps=steps)
+    steps = settings.job.steps
+    links = link_model(morph.inject, stages - 1, steps=steps)
     inject = morph.inject
     static = inject.mode in ("none", "static")
     delays = None
     if static:
-        delays = (0.0,) * (stages - 1) if links is None else parse_delays(inject.delays_ms, stages - 1)
+        delays = (0.0,) * (stages - 1) if links is None else inject.delays_ms
     if variant.adapt and variant.schedule == "PipeMorph" and not static:
         return None, "adaptive under time-varying links: see the runtime's morph/predicted_ms"
     if delays is not None and any(math.isinf(d) for d in delays):
         return None, "a link is down"
-    plan, depth = _plan(variant, morph, stages, microbatches(job_config), delays)
+    plan, depth = _plan(variant, morph, stages, settings.microbatches, delays)
     model = plan.model.with_delays((0.0,) * (stages - 1))
     if links is None:
         links = StaticDelays.zeros(stages - 1)

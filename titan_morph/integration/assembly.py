@@ -28,17 +28,9 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from titan_morph.comm.clock import CommonClock, sync_clock
-from titan_morph.comm.timeouts import CommTimeouts
 from titan_morph.comm.transport import TorchTransport, Transport
-from titan_morph.integration.config import (
-    break_window,
-    detect_rule,
-    link_model_from_config,
-    parse_rank_pairs,
-    plan_delay_samples,
-    plan_delays,
-    stage_times,
-)
+from titan_morph.config import MorphSettings, Settings
+from titan_morph.config.links import break_window, link_model
 from titan_morph.integration.hybrid import HybridParallelDims, known_link_delays, make_exchange, pipeline_hosts
 from titan_morph.monitor.adapt import AdaptPolicy, Monitor
 from titan_morph.monitor.replan import adapted_plan, search_iterations
@@ -63,7 +55,6 @@ __all__ = [
     "prepare_stage",
     "run_summary",
     "torch_builder",
-    "transport_depth",
 ]
 
 logger = logging.getLogger(__name__)
@@ -90,8 +81,8 @@ class ScheduleRequest:
     """N = local_batch_size / pipeline_parallel_microbatch_size."""
     loss_fn: Callable[..., Any] | None
     """TorchTitan's token-summed loss (the trainer rescales the reported loss)."""
-    job_config: Any
-    """The merged JobConfig (``job_config.morph`` holds the [morph] options)."""
+    settings: Settings
+    """The job's resolved configuration (``settings.morph``: the [morph] options)."""
     parallel_dims: Any = None
     """TorchTitan's ParallelDims (``get_mesh("pp")``)."""
     stages: list[PipelineStage] | None = None
@@ -104,7 +95,7 @@ class ScheduleRequest:
 
 
 def cost_model(
-    morph: Any,
+    morph: MorphSettings,
     stages: int,
     n_microbatches: int,
     *,
@@ -115,7 +106,7 @@ def cost_model(
     """The cost model plans are made from (``memory`` applies ``[morph] memory_budget``; ``times``
     replaces the configured stage times, e.g. by measured ones; ``stages_per_rank = 2``: the V).
     A budget of 0 means the PP degree with one stage per rank, and what ZB-V holds in the V."""
-    times = times or stage_times(morph, stages) or ((1.0, 1.0, 1.0),) * stages
+    times = times or morph.stage_times(stages) or ((1.0, 1.0, 1.0),) * stages
     model = CostModel(
         stages,
         n_microbatches,
@@ -135,16 +126,9 @@ def default_memory(model: CostModel, budget: int) -> int | tuple[int, ...]:
     return model.ranks if model.stages_per_rank == 1 else zbv_memory(model)
 
 
-def transport_depth(morph: Any) -> int | None:
-    """Link-queue depth of the configured transport: ``link_queue_depth`` for the blocking default
-    transport (NCCL model; also ``auto``, which runs it until a link is delegated), None (never
-    blocks) for the delegated one."""
-    return None if morph.transport == "delegate" else morph.link_queue_depth
-
-
 def initial_plan(
     family: str,
-    morph: Any,
+    morph: MorphSettings,
     stages: int,
     n_microbatches: int,
     times: tuple[tuple[float, float, float], ...] | None = None,
@@ -163,16 +147,16 @@ def initial_plan(
     model = cost_model(morph, stages, n_microbatches, memory=morph_family, times=times, stages_per_rank=per_rank)
     if not morph_family:
         return build(family, model)
-    delays = plan_delays(morph, model.num_links)
+    delays = morph.plan_delays(model.num_links)
     if delays is not None:
         model = model.with_delays(delays)
     if not (morph.search and delays is not None):  # without known delays Alg. 1's max-min slackness stands
         return build(family, model)
     iterations = search_iterations(model, morph.search_iterations, morph.search_budget_ms)
-    samples = plan_delay_samples(morph, model.num_links)
+    samples = morph.plan_delay_samples(model.num_links)
     if samples is not None:  # plan for N(plan_delays_ms, plan_delays_std_ms): the expected makespan
         return build(family, model, search=True, samples=samples, iterations=iterations)
-    return build(family, model, search=True, depth=transport_depth(morph), iterations=iterations)
+    return build(family, model, search=True, depth=morph.depth, iterations=iterations)
 
 
 def make_transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = False) -> Transport | None:
@@ -206,15 +190,15 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
 
     Every wait is bounded by TorchTitan's ``[comm]`` timeouts (start-up, then training).
     """
-    job = req.job_config
-    morph = job.morph
+    settings = req.settings
+    morph = settings.morph
     stage = req.stage
     # Transports name traffic by the link between adjacent ranks (a V's two legs share them);
     # with rank_links the delays follow the hosts of this pipeline's ranks.
     ranks = stage.group_size
-    hosts = pipeline_hosts(stage.group) if parse_rank_pairs(morph.inject.rank_links) else None
-    links = link_model_from_config(morph.inject, ranks - 1, steps=job.training.steps, hosts=hosts)
-    timeouts = CommTimeouts.of(job.comm)
+    hosts = pipeline_hosts(stage.group) if morph.inject.rank_links else None
+    links = link_model(morph.inject, ranks - 1, steps=settings.job.steps, hosts=hosts)
+    timeouts = settings.timeouts
     device = stage.device
     where = {"stage": stage.group_rank, "num_stages": ranks, "group": stage.group}
     if morph.transport == "delegate":  # all PP traffic via delegates; they apply the injected delays
@@ -276,16 +260,11 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
     )
 
 
-def needs_transport(morph: Any) -> bool:
-    """Whether a torch schedule's traffic must be routed (injected delays or a non-default path)."""
-    return morph.inject.mode != "none" or morph.transport != "default"
-
-
 def prepare_stage(req: ScheduleRequest) -> DeviceClock | None:
     """Pad this rank's stage compute when ``[morph.synthetic]`` is on (all of its stages on one
     device clock); the clock, else None."""
-    morph = req.job_config.morph
-    times = stage_times(morph, req.stage.num_stages) if morph.synthetic.enabled else None
+    morph = req.settings.morph
+    times = morph.stage_times(req.stage.num_stages) if morph.synthetic.enabled else None
     if times is None:
         return None
     clock = None
@@ -295,7 +274,7 @@ def prepare_stage(req: ScheduleRequest) -> DeviceClock | None:
     return clock
 
 
-def adapt_policy(family: str, morph: Any, stages: int, memory_default: Any = None) -> AdaptPolicy:
+def adapt_policy(family: str, morph: MorphSettings, stages: int, memory_default: int | None = None) -> AdaptPolicy:
     """What the monitor's decisions may change: it re-plans only PipeMorph with ``adapt``. Adapted
     plans are searched for the delegated (non-blocking) path and, per §4.2, without the memory cap
     (or under ``adapt_memory_budget``) when slow links are delegated (``auto``/``delegate``); with
@@ -316,7 +295,7 @@ def adapt_policy(family: str, morph: Any, stages: int, memory_default: Any = Non
     )
 
 
-def pipeline_cost(family: str, morph: Any, plan: Plan) -> PipelineCost:
+def pipeline_cost(family: str, morph: MorphSettings, plan: Plan) -> PipelineCost:
     """This pipeline's simulated step (ms) when its links carry given delays: the plan it would run
     then (Alg. 2 for them when PipeMorph adapts, else ``plan``'s fixed orders) on its transport. The
     orchestrator's placement cost, the PP links' slackness included."""
@@ -327,20 +306,20 @@ def pipeline_cost(family: str, morph: Any, plan: Plan) -> PipelineCost:
         if policy.enabled and any(delays):
             adapted = adapted_plan(model.with_memory(policy.memory), search=False, depth=policy.depth, iterations=0)
             return simulate(model, adapted.orders, depth=policy.depth).makespan
-        return simulate(model, plan.orders, depth=transport_depth(morph)).makespan
+        return simulate(model, plan.orders, depth=morph.depth).makespan
 
     return cost
 
 
-def make_monitor(family: str, morph: Any, plan: Plan, stages: int, n_microbatches: int) -> Monitor:
+def make_monitor(family: str, morph: MorphSettings, plan: Plan, stages: int, n_microbatches: int) -> Monitor:
     """The monitor of a titan_morph schedule (:func:`adapt_policy`): it measures every one. When the
     stage times are unknown, the initial plan is rebuilt from the times measured over the first
     ``profile_steps`` steps."""
     policy = adapt_policy(family, morph, stages, plan.model.memory)
-    rule = detect_rule(morph)
-    known = stage_times(morph, stages)
+    rule = morph.detect_rule()
+    known = morph.stage_times(stages)
     planner = None
-    if known is None and family in ("pipemorph", "pipemorph-v") and plan_delays(morph, plan.model.num_links):
+    if known is None and family in ("pipemorph", "pipemorph-v") and morph.plan_delays(plan.model.num_links):
 
         def planner(measured: CostModel) -> Plan:
             times = tuple(zip(measured.fwd, measured.bwd, measured.wgt))
@@ -378,8 +357,8 @@ def torch_builder(cls: type) -> Callable[[ScheduleRequest], _PipelineSchedule]:
             loss_fn=req.loss_fn,
             scale_grads=False,
         )
-        morph = req.job_config.morph
-        if not needs_transport(morph):
+        morph = req.settings.morph
+        if not morph.routed:
             return schedule
         hop = _non_adjacent_hop(req, schedule)
         if hop is not None:
@@ -427,7 +406,7 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
     """A builder of titan_morph's ``family`` plan (``builders.build`` name) in :class:`MorphSchedule`."""
 
     def build_schedule(req: ScheduleRequest) -> _PipelineSchedule:
-        morph = req.job_config.morph
+        morph = req.settings.morph
         stages = req.stage.num_stages
         plan = initial_plan(family, morph, stages, req.n_microbatches)
         device_clock = prepare_stage(req)
@@ -441,7 +420,7 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
                 monitor = make_monitor(family, morph, plan, stages, req.n_microbatches)
                 cost = pipeline_cost(family, morph, plan)
                 exchange = make_exchange(
-                    req.job_config,
+                    req.settings,
                     req.stage.group,
                     req.n_microbatches,
                     clock.epoch,
@@ -465,8 +444,8 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
             plan=plan,
             transport=transport,
             scale_grads=False,
-            planned_depth=transport_depth(morph),
-            predict=stage_times(morph, stages) is not None,
+            planned_depth=morph.depth,
+            predict=morph.stage_times(stages) is not None,
             monitor=monitor,
             device_clock=device_clock,
             exchange=exchange,
@@ -476,20 +455,19 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
     return build_schedule
 
 
-def run_summary(job_config: Any, schedule: Any) -> list[str]:
+def run_summary(settings: Settings, schedule: object) -> list[str]:
     """The end-of-run summary lines of a titan_morph schedule's last stage (else none): step time
     before / during / after the injected straggler (or the steps the monitor held a link slow), and
     ZB-H2 simulated under the same delays with the configured stage times, or the measured ones."""
     if not isinstance(schedule, MorphSchedule) or not schedule.is_last_stage or not schedule.history:
         return []
-    morph, steps = job_config.morph, job_config.training.steps
+    morph = settings.morph
     plan_model = schedule.plan.model
     stages = plan_model.stages
-    times = stage_times(morph, stages) or (schedule.monitor.times.times() if schedule.monitor is not None else None)
+    times = morph.stage_times(stages) or (schedule.monitor.times.times() if schedule.monitor is not None else None)
     if times is None:
         return []
-    inject = morph.inject
-    window = None if inject.mode == "none" else (inject.start_step, inject.end_step or steps)
+    window = morph.inject.window(settings.job.steps)
     model = cost_model(
         morph, stages, plan_model.microbatches, memory=False, times=times, stages_per_rank=plan_model.stages_per_rank
     )
@@ -500,5 +478,5 @@ def run_summary(job_config: Any, schedule: Any) -> list[str]:
         links=schedule.transport.links,  # the delays the run had (per host pair with rank_links)
         depth=morph.link_queue_depth,
         decisions=schedule.monitor.decisions if schedule.monitor is not None else 0,
-        schedule=job_config.parallelism.pipeline_parallel_schedule,
+        schedule=settings.job.schedule,
     )

@@ -5,7 +5,7 @@ Hosts. One rank runs per host. ``./run_train.sh``'s launcher (:func:`titan_morph
 starts the ranks in the identity order and, after a move, restarts them with the host of every rank
 in ``$TITAN_MORPH_HOSTS``; a process keeps its host for its lifetime, as a real one would. Here all
 ranks share one machine, so the host of a rank matters only to the emulated links: ``[morph.inject]
-rank_links`` are host pairs (:func:`~titan_morph.integration.config.pair_delays`), applied to the
+rank_links`` are host pairs (:func:`~titan_morph.config.links.pair_delays`), applied to the
 pipeline sends between the two hosts (the link emulator, per pipeline) and to the DP collectives
 whose ring uses the pair (:mod:`titan_morph.comm.collectives`).
 
@@ -38,7 +38,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torchtitan.distributed import ParallelDims
 
 from titan_morph.comm import collectives
-from titan_morph.integration.config import detect_rule, dp_degree, pair_delays, parse_rank_pairs
+from titan_morph.config import Settings
+from titan_morph.config.links import pair_delays
 from titan_morph.integration.relaunch import (
     hosts_from_env,
     known_slow_pairs,
@@ -54,7 +55,6 @@ __all__ = [
     "HybridParallelDims",
     "before_step",
     "finish_for_move",
-    "is_hybrid",
     "known_link_delays",
     "layout_of",
     "make_exchange",
@@ -68,14 +68,9 @@ DP_MESH_DIMS = ("batch", "fsdp", "dp_replicate", "efsdp")
 LOSS_MESH = "loss_mesh"
 
 
-def is_hybrid(job_config: Any) -> bool:
-    """DP x PP: more than one pipeline stage and more than one data-parallel replica."""
-    return job_config.parallelism.pipeline_parallel_degree > 1 and dp_degree(job_config) > 1
-
-
-def layout_of(job_config: Any) -> Layout:
+def layout_of(settings: Settings) -> Layout:
     """The rank layout this launch runs: stages x replicas, hosts from the launcher (identity)."""
-    stages, replicas = job_config.parallelism.pipeline_parallel_degree, dp_degree(job_config)
+    stages, replicas = settings.stages, settings.dp_degree
     hosts = hosts_from_env(stages * replicas)
     return Layout(stages, replicas, hosts) if hosts is not None else Layout.identity(stages, replicas)
 
@@ -126,23 +121,23 @@ class HybridParallelDims(ParallelDims):
             return super().build_mesh()
 
 
-def parallel_dims_for(job_config: Any, dims: ParallelDims) -> ParallelDims:
+def parallel_dims_for(settings: Settings, dims: ParallelDims) -> ParallelDims:
     """``dims`` as :class:`HybridParallelDims` for DP x PP on gloo (after configuring the DP backend
     with the hosts and pair delays of this launch); unchanged otherwise."""
-    if not is_hybrid(job_config):
+    if not settings.hybrid:
         return dims
     if dist.get_backend() != "gloo":
-        if parse_rank_pairs(job_config.morph.inject.rank_links):
+        if settings.morph.inject.rank_links:
             logger.warning("titan_morph: [morph.inject] rank_links delay DP collectives only on gloo (CPU)")
         return dims
-    layout = layout_of(job_config)
-    collectives.configure(layout.hosts, pair_delays(job_config.morph.inject))
+    layout = layout_of(settings)
+    collectives.configure(layout.hosts, pair_delays(settings.morph.inject))
     names = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp", "world_size")
     return HybridParallelDims(**{name: getattr(dims, name) for name in names})
 
 
 def make_exchange(
-    job_config: Any,
+    settings: Settings,
     pipeline_group: dist.ProcessGroup,
     microbatches: int,
     epoch: float,
@@ -153,9 +148,9 @@ def make_exchange(
     """The world-wide exchange of a DP x PP run on the DP backend (None otherwise)."""
     if not isinstance(parallel_dims, HybridParallelDims):
         return None
-    morph = job_config.morph
-    rule = detect_rule(morph, floor_ms=morph.dp_detect_min_ms)
-    topology = TopologyMonitor(layout_of(job_config), rule, morph.orchestrator, cost)
+    morph = settings.morph
+    rule = morph.detect_rule(floor_ms=morph.dp_detect_min_ms)
+    topology = TopologyMonitor(layout_of(settings), rule, morph.orchestrator, cost)
     dp = parallel_dims.get_optional_mesh("fsdp")
     return HybridExchange(
         pipeline_group,

@@ -20,12 +20,10 @@ from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_
 from torchtitan.protocols.train_spec import TrainSpec, get_train_spec, register_train_spec
 from torchtitan.tools.logging import logger
 
-from titan_morph.integration.config import microbatches
 from titan_morph.integration.cpu import adapt_fsdp_to_gloo
+from titan_morph.integration.jobconfig import TRAIN_SPEC_NAME, settings_of
 from titan_morph.integration.metrics import build_morph_metrics_processor
 from titan_morph.integration.schedules import ScheduleRequest, build_schedule, schedule_placement
-
-TRAIN_SPEC_NAME = "llama3_morph"
 
 # A torch schedule name per placement: pipeline_module_split derives its stage placement from it.
 _SPLIT_AS = {"single": "1F1B", "loop": "Interleaved1F1B", "v": "ZBVZeroBubble"}
@@ -96,7 +94,8 @@ def pipeline_stages(
             "[parallelism] pipeline_parallel_schedule_csv is not supported by llama3_morph; choose the schedule "
             "with pipeline_parallel_schedule (or use model.name = 'llama3' for TorchTitan's CSV schedules)"
         )
-    n_microbatches = microbatches(job_config)
+    settings = settings_of(job_config)
+    n_microbatches = settings.microbatches
     pp_mesh = parallel_dims.get_mesh("pp")
     pp = parallel_dims.pp
     num_stages = pp * stages_per_rank(job_config, placement, pp, model_args.n_layers)
@@ -115,7 +114,7 @@ def pipeline_stages(
             stage=stages[0],
             n_microbatches=n_microbatches,
             loss_fn=loss_fn,
-            job_config=job_config,
+            settings=settings,
             parallel_dims=parallel_dims,
             stages=stages,
         )

@@ -9,13 +9,10 @@ import pytest
 from tests.launch import REPO
 from titan_morph.compare.scenarios import expand, get_scenario
 from titan_morph.compare.variants import HYBRID_VARIANTS, parse_variants
-from titan_morph.integration.config import (
-    Inject,
-    link_model_from_config,
-    pair_delays,
-    parse_rank_pairs,
-)
-from titan_morph.launch import LaunchError, check
+from titan_morph.config import ConfigError, Inject, Morph, resolve_morph
+from titan_morph.config.fields import parse_rank_pairs
+from titan_morph.config.links import link_model, pair_delays
+from titan_morph.integration.jobconfig import load
 
 HYBRID = REPO / "train_configs" / "hybrid_cpu.toml"
 SYNTHETIC = REPO / "train_configs" / "synthetic_cpu.toml"
@@ -63,30 +60,32 @@ def test_rank_pairs_parse_in_every_spelling():
     ],
 )
 def test_bad_hybrid_options_are_one_clear_error(overrides, message):
-    with pytest.raises(LaunchError, match=message):
-        check(HYBRID, list(overrides))
+    with pytest.raises(ConfigError, match=message):
+        load(HYBRID, list(overrides))
 
 
 def test_good_hybrid_options_resolve():
-    cfg = check(HYBRID, [*STATIC, "--morph.inject.rank_links", "0-1,2-3", "--morph.inject.delays_ms", "30,10"])
-    assert cfg.morph.inject.rank_links == ["0-1", "2-3"] and cfg.morph.orchestrator == "pp"
-    model = pair_delays(cfg.morph.inject)
+    _, settings = load(HYBRID, [*STATIC, "--morph.inject.rank_links", "0-1,2-3", "--morph.inject.delays_ms", "30,10"])
+    assert settings.morph.inject.rank_links == ((0, 1), (2, 3)) and settings.morph.orchestrator == "pp"
+    model = pair_delays(settings.morph.inject)
     assert model is not None and model.delays == {(0, 1): 30.0, (2, 3): 10.0}
     # the orchestrator has nothing to move without DP: accepted and inert on a PP-only config
-    assert check(SYNTHETIC, ["--morph.orchestrator", "pp"]).morph.orchestrator == "pp"
+    assert load(SYNTHETIC, ["--morph.orchestrator", "pp"])[1].morph.orchestrator == "pp"
 
 
 def test_rank_links_give_each_pipeline_its_links():
-    inj = Inject(mode="static", delays_ms=[30.0, 5.0], rank_links=["0-1", "2-5"], start_step=3)
+    inj = resolve_morph(
+        Morph(inject=Inject(mode="static", delays_ms=[30.0, 5.0], rank_links=["0-1", "2-5"], start_step=3))
+    ).inject
     # a pipeline whose stages run on hosts 0, 1, 2, 5: links 0 (0-1) and 2 (2-5) are slow
-    links = link_model_from_config(inj, 3, hosts=[0, 1, 2, 5])
+    links = link_model(inj, 3, hosts=[0, 1, 2, 5])
     assert [links.delay_ms(i, "fwd", 0.0, 3) for i in range(3)] == [30.0, 0.0, 5.0]
     assert links.delay_ms(0, "bwd", 0.0, 2) == 0.0  # before start_step
     assert [links.delay_ms(i, "bwd", 0.0, 4) for i in range(3)] == [30.0, 0.0, 5.0]
-    other = link_model_from_config(inj, 3, hosts=[4, 3, 6, 7])
+    other = link_model(inj, 3, hosts=[4, 3, 6, 7])
     assert [other.delay_ms(i, "fwd", 0.0, 5) for i in range(3)] == [0.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="hosts of the pipeline"):
-        link_model_from_config(inj, 3)
+        link_model(inj, 3)
 
 
 def test_fig19_scenario_and_its_variants():
@@ -102,5 +101,5 @@ def test_fig19_scenario_and_its_variants():
     assert full.schedule == "PipeMorph" and full.transport == "auto" and full.adapt
     for case in cases:
         for variant in (nomove, move, full):
-            cfg = check(HYBRID, ["--training.steps", "5", *variant.overrides, *case.overrides])
+            _, cfg = load(HYBRID, ["--training.steps", "5", *variant.overrides, *case.overrides])
             assert cfg.morph.orchestrator == variant.overrides[-1]

@@ -9,19 +9,18 @@ from dataclasses import replace
 import pytest
 
 from tests.launch import DEFAULT_CONFIG, REPO
-from titan_morph.integration.config import (
-    Inject,
-    Morph,
-    MorphConfigError,
-    Synthetic,
-    check_unknown_keys,
-    link_model_from_config,
-    parse_stage_times,
-    plan_delays,
-    stage_times,
-    validate_morph,
-)
-from titan_morph.launch import world_size
+from titan_morph.config import ConfigError, Inject, Morph, MorphSettings, Synthetic, resolve_morph
+from titan_morph.config.fields import Layout, check_unknown_keys
+from titan_morph.config.links import break_window, link_model
+from titan_morph.integration.jobconfig import CONFIG_MODULE, load, prepare_args
+
+
+def _resolved(morph: Morph, stages: int | None = None, limit: float | None = None) -> MorphSettings:
+    return resolve_morph(morph, Layout(stages, limit))
+
+
+def _inject(**kw) -> object:
+    return _resolved(Morph(transport="auto", inject=Inject(**kw))).inject
 
 
 def _parse(*args: str):
@@ -35,7 +34,7 @@ def test_toml_and_cli_reach_nested_tables():
     assert cfg.morph.inject == replace(Inject(), mode="static", delays_ms=[0.0, 0.0, 60.0])
     assert cfg.morph.memory_budget == 6
     assert cfg.morph.synthetic == Synthetic()
-    validate_morph(cfg.morph, cfg.parallelism.pipeline_parallel_degree)
+    _resolved(cfg.morph, cfg.parallelism.pipeline_parallel_degree)
 
 
 @pytest.mark.parametrize(
@@ -81,19 +80,18 @@ def test_toml_lists_and_comma_strings_load_the_same(tmp_path):
     a, b = (ConfigManager().parse_args(["--job.config_file", str(p)]).morph for p in (as_lists, as_strings))
     assert a == b
     assert a.inject.delays_ms == [0.0, 0.0, 60.0] and a.synthetic.fwd_ms == [12.0]
-    assert stage_times(a, 4) == ((10.0, 20.0, 10.0), (11.0, 21.0, 11.0), (10.0, 20.0, 10.0), (10.0, 20.0, 10.0))
-    assert plan_delays(a, 3) == (0.0, 0.0, 60.0)
-    validate_morph(a, 4, delay_limit_ms=12_500)
+    parsed = _resolved(a, 4)
+    assert parsed.stage_times(4) == ((10.0, 20.0, 10.0), (11.0, 21.0, 11.0), (10.0, 20.0, 10.0), (10.0, 20.0, 10.0))
+    assert parsed.plan_delays(3) == (0.0, 0.0, 60.0)
+    _resolved(a, 4, limit=12_500)
 
 
 def test_every_shipped_config_passes_the_launch_checks():
-    from titan_morph.launch import check
-
     paths = sorted((REPO / "train_configs").glob("*.toml"))
     assert len(paths) >= 4
     for path in paths:
-        cfg = check(path)  # what ./run_train.sh runs before starting any rank
-        assert cfg.morph.inject.mode in ("none", "static", "random", "trace")
+        cfg, settings = load(path)  # what ./run_train.sh runs before starting any rank
+        assert settings.morph.inject.mode in ("none", "static", "random", "trace")
 
 
 BAD = [
@@ -173,15 +171,15 @@ def _bad_cases():
 
 @pytest.mark.parametrize(("morph", "key", "allowed"), list(_bad_cases()))
 def test_bad_values_fail_with_key_and_allowed_values(morph, key, allowed):
-    with pytest.raises(MorphConfigError) as err:
-        validate_morph(morph, pp_degree=4, delay_limit_ms=12_500)
+    with pytest.raises(ConfigError) as err:
+        _resolved(morph, 4, 12_500)
     message = str(err.value)
     assert message.startswith(key + ": ") and allowed in message, message
 
 
 def test_good_values_pass():
-    validate_morph(Morph(), 4)
-    validate_morph(Morph(), None)
+    _resolved(Morph(), 4)
+    _resolved(Morph(), None)
     good = Morph(
         memory_budget=12,
         plan_delays_ms="0,0,60",
@@ -189,17 +187,15 @@ def test_good_values_pass():
         inject=Inject(mode="static", delays_ms="0,inf,60", direction="fwd", start_step=3, end_step=9),
         synthetic=Synthetic(enabled=True, fwd_ms="5,5,5,6"),
     )
-    validate_morph(good, 4, delay_limit_ms=12_500)
+    _resolved(good, 4, limit=12_500)
     assert good.inject.delays_ms == [0.0, math.inf, 60.0] and good.synthetic.fwd_ms == [5.0, 5.0, 5.0, 6.0]
-    validate_morph(Morph(inject=Inject(mode="random", random_mean_ms=30, random_std_ms=10, links="1")), 4)
-    validate_morph(Morph(delegates_per_link=64, inject=Inject(delays_ms=12_500)), 4, delay_limit_ms=12_500)
-    validate_morph(Morph(inject=Inject(mode="trace", trace_file="table3")), 4)
-    validate_morph(Morph(transport="auto", inject=Inject(mode="break", links="1", start_step=3)), 4)
+    _resolved(Morph(inject=Inject(mode="random", random_mean_ms=30, random_std_ms=10, links="1")), 4)
+    _resolved(Morph(delegates_per_link=64, inject=Inject(delays_ms=12_500)), 4, limit=12_500)
+    _resolved(Morph(inject=Inject(mode="trace", trace_file="table3")), 4)
+    _resolved(Morph(transport="auto", inject=Inject(mode="break", links="1", start_step=3)), 4)
 
 
 def test_break_mode_names_links_and_steps_and_models_no_delay():
-    from titan_morph.integration.config import break_window
-
     cfg = _parse(
         "--morph.transport",
         "auto",
@@ -210,31 +206,34 @@ def test_break_mode_names_links_and_steps_and_models_no_delay():
         "--morph.inject.start_step",
         "3",
     )
-    validate_morph(cfg.morph, cfg.parallelism.pipeline_parallel_degree)
-    assert break_window(cfg.morph.inject, 3) == (frozenset({1}), 3, 0)
-    assert link_model_from_config(cfg.morph.inject, 3) is None
-    assert break_window(Inject(mode="break", end_step=5), 3) == (frozenset({0, 1, 2}), 1, 5)
-    assert break_window(Inject(mode="static", delays_ms=[0, 0, 60]), 3) is None
-    with pytest.raises(MorphConfigError, match=r"^morph\.inject\.links: .* link ids are 0\.\.2"):
-        validate_morph(Morph(transport="auto", inject=Inject(mode="break", links="3")), 4)
+    _resolved(cfg.morph, cfg.parallelism.pipeline_parallel_degree)
+    inject = _resolved(cfg.morph, 4).inject
+    assert break_window(inject, 3) == (frozenset({1}), 3, 0)
+    assert link_model(inject, 3) is None
+    assert break_window(_inject(mode="break", end_step=5), 3) == (frozenset({0, 1, 2}), 1, 5)
+    assert break_window(_inject(mode="static", delays_ms=[0, 0, 60]), 3) is None
+    with pytest.raises(ConfigError, match=r"^morph\.inject\.links: .* link ids are 0\.\.2"):
+        _resolved(Morph(transport="auto", inject=Inject(mode="break", links="3")), 4)
 
 
 def test_unknown_keys_name_the_key_and_the_allowed_ones():
-    with pytest.raises(MorphConfigError, match=r"^morph\.memory_budgett: unknown key \(did you mean memory_budget\?\)"):
-        check_unknown_keys({"memory_budgett": 4})
-    with pytest.raises(MorphConfigError, match=r"morph\.inject\.delay_ms.*delays_ms"):
-        check_unknown_keys({"inject": {"delay_ms": "0,1"}})
-    with pytest.raises(MorphConfigError, match=r"must be a table \[morph\.synthetic\]"):
-        check_unknown_keys({"synthetic": 3})
-    check_unknown_keys({"transport": "auto", "inject": {"mode": "none"}, "synthetic": {"enabled": False}})
+    with pytest.raises(ConfigError, match=r"^morph\.memory_budgett: unknown key \(did you mean memory_budget\?\)"):
+        check_unknown_keys({"memory_budgett": 4}, Morph, "morph")
+    with pytest.raises(ConfigError, match=r"morph\.inject\.delay_ms.*delays_ms"):
+        check_unknown_keys({"inject": {"delay_ms": "0,1"}}, Morph, "morph")
+    with pytest.raises(ConfigError, match=r"must be a table \[morph\.synthetic\]"):
+        check_unknown_keys({"synthetic": 3}, Morph, "morph")
+    check_unknown_keys(
+        {"transport": "auto", "inject": {"mode": "none"}, "synthetic": {"enabled": False}}, Morph, "morph"
+    )
 
 
 def test_negated_boolean_flags_are_spelled_with_a_value():
-    from titan_morph.integration.config import expand_negated_flags
-    from titan_morph.train import prepare_args
+    from titan_morph.config.cli import expand_negated_flags, option_fields
+    from titan_morph.config.schema import JobConfig
 
     argv = ["--morph.no-adapt", "--morph.synthetic.no_enabled", "--morph.no-such", "--compile.no-enable", "--x", "1"]
-    assert expand_negated_flags(argv) == [
+    assert expand_negated_flags(argv, option_fields(JobConfig)) == [
         "--morph.adapt",
         "false",
         "--morph.synthetic.enabled",
@@ -249,11 +248,9 @@ def test_negated_boolean_flags_are_spelled_with_a_value():
 
 
 def test_prepare_args_rejects_unknown_toml_key_and_adds_config_module(tmp_path):
-    from titan_morph.train import CONFIG_MODULE, prepare_args
-
     bad = tmp_path / "bad.toml"
     bad.write_text('[morph]\ntransprot = "auto"\n')
-    with pytest.raises(MorphConfigError, match=r"morph\.transprot: unknown key"):
+    with pytest.raises(ConfigError, match=r"morph\.transprot: unknown key"):
         prepare_args(["--job.config_file", str(bad)])
     plain = tmp_path / "plain.toml"
     plain.write_text("[training]\nsteps = 1\n")
@@ -262,32 +259,36 @@ def test_prepare_args_rejects_unknown_toml_key_and_adds_config_module(tmp_path):
 
 
 def test_typed_views():
-    assert parse_stage_times("", 4) is None and parse_stage_times([], 4) is None
-    assert parse_stage_times("1,2,3", 2) == parse_stage_times([1, 2, 3], 2) == ((1.0, 2.0, 3.0), (1.0, 2.0, 3.0))
-    assert stage_times(Morph(), 4) is None  # unknown: profiled during the first profile_steps steps
-    assert stage_times(Morph(synthetic=Synthetic(enabled=True, fwd_ms=[5, 6], bwd_ms=7)), 2) == (
+    assert _resolved(Morph(stage_times_ms=""), 4).stage_times(4) is None
+    assert _resolved(Morph(stage_times_ms=[]), 4).stage_times(4) is None
+    triples = ((1.0, 2.0, 3.0), (1.0, 2.0, 3.0))
+    assert _resolved(Morph(stage_times_ms="1,2,3"), 2).stage_times(2) == triples
+    assert _resolved(Morph(stage_times_ms=[1, 2, 3])).stage_times(2) == triples  # a lone group, layout unknown
+    assert _resolved(Morph(), 4).stage_times(4) is None  # unknown: profiled during the first profile_steps steps
+    assert _resolved(Morph(synthetic=Synthetic(enabled=True, fwd_ms=[5, 6], bwd_ms=7)), 2).stage_times(2) == (
         (5.0, 7.0, 10.0),
         (6.0, 7.0, 10.0),
     )
-    assert plan_delays(Morph(), 3) is None and plan_delays(Morph(plan_delays_ms=[20]), 3) == (20.0, 20.0, 20.0)
-    model = link_model_from_config(Inject(mode="static", delays_ms="0,50", direction="fwd", start_step=2), 2)
+    assert _resolved(Morph(), 4).plan_delays(3) is None
+    assert _resolved(Morph(plan_delays_ms=[20]), 4).plan_delays(3) == (20.0, 20.0, 20.0)
+    model = link_model(_inject(mode="static", delays_ms="0,50", direction="fwd", start_step=2), 2)
     assert model is not None
     assert model.delay_ms(1, "fwd", step=2) == 50.0
     assert model.delay_ms(1, "bwd", step=2) == 0.0  # direction filter
     assert model.delay_ms(1, "fwd", step=1) == 0.0  # before start_step
-    assert link_model_from_config(Inject(), 3) is None
-    trace = link_model_from_config(Inject(mode="trace", trace_file="table3"), 3, steps=100)
+    assert link_model(_inject(), 3) is None
+    trace = link_model(_inject(mode="trace", trace_file="table3"), 3, steps=100)
     assert trace is not None and math.isinf(max(trace.snapshot(step=100)))
 
 
 def test_world_size_from_config_and_overrides():
-    assert world_size(str(DEFAULT_CONFIG), []) == 4
-    assert world_size(str(DEFAULT_CONFIG), ["--parallelism.pipeline_parallel_degree", "2"]) == 2
-    assert world_size(str(DEFAULT_CONFIG), ["--parallelism.pipeline_parallel_degree=3"]) == 3
+    assert load(DEFAULT_CONFIG)[1].world_size == 4
+    assert load(DEFAULT_CONFIG, ["--parallelism.pipeline_parallel_degree", "2"])[1].world_size == 2
+    assert load(DEFAULT_CONFIG, ["--parallelism.pipeline_parallel_degree=3"])[1].world_size == 3
 
 
 def test_run_id_is_shared_by_the_ranks_of_one_launch(monkeypatch):
-    from titan_morph.train import run_id
+    from titan_morph.integration.trainer import run_id
 
     monkeypatch.setenv("TITAN_MORPH_RUN_ID", "20260101-000000-1")
     assert run_id() == "20260101-000000-1"
@@ -304,31 +305,35 @@ def test_trace_file_is_checked_against_the_pipeline(tmp_path):
     trace = tmp_path / "trace.csv"
     trace.write_text("step,link,delay_ms\n3,2,40\n8,2,0\n")
     morph = Morph(inject=Inject(mode="trace", trace_file=str(trace)))
-    validate_morph(morph, 4)
-    model = link_model_from_config(morph.inject, 3)
+    _resolved(morph, 4)
+    model = link_model(_resolved(morph, 4).inject, 3)
     assert model is not None and model.delay_ms(2, "bwd", step=5) == 40.0 and model.delay_ms(2, "fwd", step=9) == 0.0
-    with pytest.raises(MorphConfigError, match=r"morph\.inject\.trace_file.*out of range"):
-        validate_morph(morph, 2)  # one link only
+    with pytest.raises(ConfigError, match=r"morph\.inject\.trace_file.*out of range"):
+        _resolved(morph, 2)  # one link only
     trace.write_text("when,link\n1,0\n")
-    with pytest.raises(MorphConfigError, match=r"morph\.inject\.trace_file.*needs columns"):
-        validate_morph(morph, 4)
+    with pytest.raises(ConfigError, match=r"morph\.inject\.trace_file.*needs columns"):
+        _resolved(morph, 4)
     trace.write_text("step,link,delay_ms\n3,2,40\n8,2\n")  # a short row
-    with pytest.raises(MorphConfigError, match=r"morph\.inject\.trace_file.*line 3 has 2 fields, the header has 3"):
-        validate_morph(morph, 4)
+    with pytest.raises(ConfigError, match=r"morph\.inject\.trace_file.*line 3 has 2 fields, the header has 3"):
+        _resolved(morph, 4)
     trace.write_text("step,link,delay_ms\n3,2,40\n8,2,inf\n")
-    validate_morph(morph, 4, delay_limit_ms=100.0)  # inf = link down: not a delay
+    _resolved(morph, 4, limit=100.0)  # inf = link down: not a delay
     trace.write_text("step,link,delay_ms\n3,2,400\n")
-    with pytest.raises(MorphConfigError, match=r"morph\.inject\.trace_file.*400 ms.*delay limit 100 ms"):
-        validate_morph(morph, 4, delay_limit_ms=100.0)
+    with pytest.raises(ConfigError, match=r"morph\.inject\.trace_file.*400 ms.*delay limit 100 ms"):
+        _resolved(morph, 4, limit=100.0)
 
 
 def test_plan_delays_make_pipemorph_plan_for_them():
     """plan_delays_ms: PipeMorph starts from Alg. 2 for those delays (more warm-up before the slow link)."""
-    from titan_morph.integration.assembly import initial_plan
-    from titan_morph.integration.config import parse_plan_delays
-
-    assert parse_plan_delays("", 3) is None and parse_plan_delays("60", 3) == (60.0, 60.0, 60.0)
+    assert _resolved(Morph(plan_delays_ms=""), 4).plan_delays(3) is None
+    assert _resolved(Morph(plan_delays_ms="60"), 4).plan_delays(3) == (60.0, 60.0, 60.0)
     base = replace(Morph(), memory_budget=7, stage_times_ms="10,10,10")
+
+    def initial_plan(family: str, morph: Morph, stages: int, n: int):
+        from titan_morph.integration.assembly import initial_plan
+
+        return initial_plan(family, _resolved(morph, stages), stages, n)
+
     plain = initial_plan("pipemorph", base, 4, 24)
     planned = initial_plan("pipemorph", replace(base, plan_delays_ms="0,0,60"), 4, 24)
     assert plain.model.delays == (0.0, 0.0, 0.0) and planned.model.delays == (0.0, 0.0, 60.0)
@@ -346,18 +351,21 @@ def test_plan_for_a_distribution_of_delays():
     drawn from N(plan_delays_ms, std) -- deterministic (the same on every rank), never worse on those
     samples than the plan for the mean alone."""
     from titan_morph.integration.assembly import initial_plan
-    from titan_morph.integration.config import plan_delay_samples
     from titan_morph.pipelining.robust import expected_makespan
 
-    base = replace(Morph(), stage_times_ms=[10, 10, 10], plan_delays_ms=[30], search=True, search_iterations=40)
-    assert plan_delay_samples(base, 3) is None  # no std: one vector
-    robust = replace(base, plan_delays_std_ms=[10], plan_samples=8, plan_seed=3)
-    samples = plan_delay_samples(robust, 3)
-    assert samples is not None and len(samples) == 8 and samples == plan_delay_samples(robust, 3)
+    base = _resolved(
+        replace(Morph(), stage_times_ms=[10, 10, 10], plan_delays_ms=[30], search=True, search_iterations=40), 4
+    )
+    assert base.plan_delay_samples(3) is None  # no std: one vector
+    robust = replace(base, plan_delays_std_ms=(10.0,) * 3, plan_samples=8, plan_seed=3)
+    samples = robust.plan_delay_samples(3)
+    assert samples is not None and len(samples) == 8 and samples == robust.plan_delay_samples(3)
     plan, mean = initial_plan("pipemorph", robust, 4, 12), initial_plan("pipemorph", base, 4, 12)
     assert plan.orders == initial_plan("pipemorph", robust, 4, 12).orders
     assert expected_makespan(plan.model, plan.orders, samples) <= expected_makespan(plan.model, mean.orders, samples)
-    with pytest.raises(MorphConfigError, match="morph.plan_delays_std_ms.*needs morph.search"):
-        validate_morph(replace(robust, search=False), 4)
-    with pytest.raises(MorphConfigError, match="morph.plan_delays_std_ms.*needs plan_delays_ms"):
-        validate_morph(replace(robust, plan_delays_ms=[]), 4)
+    distribution = Morph(stage_times_ms=[10, 10, 10], plan_delays_ms=[30], plan_delays_std_ms=[10], search=True)
+    assert _resolved(distribution, 4).plan_delays_std_ms == (10.0, 10.0, 10.0)
+    with pytest.raises(ConfigError, match="morph.plan_delays_std_ms.*needs morph.search"):
+        _resolved(replace(distribution, search=False), 4)
+    with pytest.raises(ConfigError, match="morph.plan_delays_std_ms.*needs plan_delays_ms"):
+        _resolved(replace(distribution, plan_delays_ms=[]), 4)

@@ -1,0 +1,200 @@
+"""The rules between options: what no single field's type can say.
+
+Three groups, run in this order by :func:`titan_morph.config.resolve`: the TorchTitan sections
+titan_morph depends on (:func:`check_job`: degrees, batch and microbatch sizes, steps, timeouts,
+the launcher's rank count), ``[morph]`` within itself (:func:`check_morph`), and ``[morph]``
+against the job (:func:`check_joined`). Each raises one
+:class:`~titan_morph.config.fields.ConfigError` whose message starts with the key.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from titan_morph.config.fields import Layout, fail, limit_reason
+from titan_morph.config.links import check_trace
+
+if TYPE_CHECKING:
+    from titan_morph.config.settings import InjectSettings, JobView, MorphSettings
+
+__all__ = ["check_job", "check_joined", "check_morph", "delay_limit_ms", "dp_degree", "microbatches"]
+
+ONE_MICROBATCH_PER_STAGE = ("1f1b",)
+"""Schedules that need at least as many microbatches as stages (torch's Schedule1F1B refuses fewer)."""
+TORCH_SCHEDULES = ("1f1b", "gpipe")
+"""Schedules without titan_morph's per-step exchange (no monitor, no orchestrator)."""
+
+
+def dp_degree(job: JobView) -> int:
+    """Data-parallel replicas of each pipeline stage (shard x replicate degrees; -1 counts as 1)."""
+    return max(job.data_parallel_shard_degree, 1) * max(job.data_parallel_replicate_degree, 1)
+
+
+def microbatches(job: JobView) -> int:
+    """N = ``[training] local_batch_size`` / ``[parallelism] pipeline_parallel_microbatch_size``."""
+    batch, size = job.local_batch_size, job.microbatch_size
+    if batch < 1:
+        raise fail("training.local_batch_size", batch, "must be >= 1")
+    if size < 1 or batch % size:
+        raise fail(
+            "parallelism.pipeline_parallel_microbatch_size",
+            size,
+            f"must be >= 1 and divide training.local_batch_size ({batch})",
+        )
+    return batch // size
+
+
+def delay_limit_ms(job: JobView) -> float:
+    """Largest injected or planned delay per message: ``[comm] train_timeout_seconds`` x 1000 / N.
+
+    With head-of-line blocking every one of a step's N microbatches can wait out the delay on the
+    same link, and ranks waiting for that step in a collective must not hit the timeout.
+    """
+    return job.train_timeout_s * 1000.0 / microbatches(job)
+
+
+def check_job(job: JobView) -> int:
+    """The TorchTitan settings titan_morph relies on, and the launcher's rank count; returns the
+    world size. TorchTitan itself would stop on most of these only once every rank has started."""
+    for name, value in job.degrees.items():
+        shard = name == "data_parallel_shard_degree"
+        if value < 1 and not (shard and value == -1):
+            allowed = ">= 1, or -1 (the ranks the other degrees leave)" if shard else ">= 1"
+            raise fail(f"parallelism.{name}", value, f"must be {allowed}")
+    if job.steps < 1:
+        raise fail("training.steps", job.steps, "must be >= 1")
+    for key, seconds in (
+        ("comm.init_timeout_seconds", job.init_timeout_s),
+        ("comm.train_timeout_seconds", job.train_timeout_s),
+    ):
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise fail(key, seconds, "must be a number of seconds > 0")
+    others = math.prod(max(v, 1) for v in job.degrees.values())
+    product = " x ".join(f"{k} {v}" for k, v in job.degrees.items() if v != 1)
+    if job.ranks is None:  # the launcher starts the product (a shard degree of -1 then takes 1)
+        return others
+    if job.ranks < 1:
+        raise fail("NGPU", job.ranks, "is not a number of ranks (>= 1)")
+    if job.data_parallel_shard_degree == -1:
+        if job.ranks % others:
+            raise fail(
+                "NGPU",
+                job.ranks,
+                f"must be a multiple of {others} ({product or 'all degrees 1'}): "
+                "data_parallel_shard_degree = -1 takes the rest",
+            )
+        return job.ranks
+    if job.ranks != others:
+        raise fail(
+            "NGPU",
+            job.ranks,
+            f"ranks, but the parallel degrees need {others} ({product or 'all degrees 1'}): "
+            f"set NGPU = {others} or change the degrees",
+        )
+    return others
+
+
+def _check_budgets(morph: MorphSettings, stages: int) -> None:
+    for name in ("memory_budget", "adapt_memory_budget"):
+        value = getattr(morph, name)
+        if value != 0 and value < stages:
+            raise fail(
+                f"morph.{name}",
+                value,
+                f"must be 0 or >= the pipeline degree ({stages}): every stage needs one in-flight "
+                "microbatch more than the next (Alg. 1)",
+            )
+
+
+def _check_rank_links(inj: InjectSettings, world: int | None) -> None:
+    """``rank_links``: ranks below the world size, static mode, both directions, finite delays."""
+    if not inj.rank_links:
+        return
+    key, shown = "morph.inject.rank_links", [f"{a}-{b}" for a, b in inj.rank_links]
+    if world is not None:
+        for a, b in inj.rank_links:
+            if max(a, b) >= world:
+                raise fail(key, shown, f"names rank {max(a, b)}: ranks are 0..{world - 1} ({world} ranks)")
+    if inj.mode != "static":
+        raise fail(key, shown, f"needs mode = static (one delays_ms value per pair), got mode = {inj.mode!r}")
+    if inj.direction != "both":
+        raise fail(key, shown, "delays both directions of a pair: set direction = both")
+    if any(math.isinf(d) for d in inj.delays_ms):
+        raise fail("morph.inject.delays_ms", list(inj.delays_ms), "has inf: a rank pair cannot go down (finite delays)")
+
+
+def _check_inject(inj: InjectSettings, links: int | None, limit: float | None, transport: str) -> None:
+    if inj.end_step != 0 and inj.end_step < inj.start_step:
+        raise fail("morph.inject.end_step", inj.end_step, f"must be 0 (never stop) or >= start_step ({inj.start_step})")
+    if inj.mode == "static" and not inj.delays_ms:
+        raise fail("morph.inject.delays_ms", [], "is empty: static mode needs per-link delays, e.g. [0, 0, 60]")
+    if links is not None and any(link >= links for link in inj.links):
+        raise fail("morph.inject.links", list(inj.links), f"has a link id out of range: link ids are 0..{links - 1}")
+    interval = inj.random_interval_ms
+    if len(interval) != 2 or interval[0] > interval[1]:
+        raise fail("morph.inject.random_interval_ms", list(interval), "must be [low, high] ms with low <= high")
+    spread = inj.random_mean_ms + 3 * inj.random_std_ms
+    if limit is not None and inj.mode == "random" and spread > limit:
+        raise fail(
+            "morph.inject.random_std_ms",
+            inj.random_std_ms,
+            f"with random_mean_ms = {inj.random_mean_ms:g}: mean + 3 std = {spread:g} ms is out of range"
+            f"; {limit_reason(limit)}",
+        )
+    if inj.mode == "trace":
+        check_trace(inj.trace_file, links, limit)
+    if inj.mode == "break" and transport != "auto":
+        raise fail(
+            "morph.inject.mode",
+            inj.mode,
+            f"needs morph.transport = auto (got {transport!r}): break mode fails links' default path for "
+            "real, and only auto moves them to the delegates",
+        )
+
+
+def check_morph(morph: MorphSettings, layout: Layout, world: int | None) -> None:
+    """``[morph]`` within itself, for the pipeline ``layout`` (parts of it may be unknown)."""
+    _check_rank_links(morph.inject, world)
+    _check_budgets(morph, layout.stages or 1)
+    if morph.adapt and not morph.monitor:
+        raise fail("morph.adapt", morph.adapt, "needs morph.monitor = true (adaptation acts on the monitor's data)")
+    if morph.plan_delays_std_ms:
+        shown = list(morph.plan_delays_std_ms)
+        if not morph.plan_delays_ms:
+            raise fail("morph.plan_delays_std_ms", shown, "needs plan_delays_ms (the mean delays)")
+        if not morph.search:
+            raise fail(
+                "morph.plan_delays_std_ms",
+                shown,
+                "needs morph.search = true (a plan for a distribution of delays is searched for)",
+            )
+    links = None if layout.stages is None else max(layout.stages - 1, 0)
+    _check_inject(morph.inject, links, layout.delay_limit_ms, morph.transport)
+    if morph.synthetic.hidden % 16:
+        raise fail("morph.synthetic.hidden", morph.synthetic.hidden, "must be a multiple of 16")
+
+
+def check_joined(morph: MorphSettings, job: JobView, n: int, dp: int) -> None:
+    """``[morph]`` against TorchTitan's sections: the orchestrator's needs under DP x PP, and the
+    schedules that need a microbatch per stage."""
+    stages, name = job.pipeline_parallel_degree, job.schedule
+    if morph.orchestrator != "off" and stages > 1 and dp > 1:
+        key, value = "morph.orchestrator", morph.orchestrator
+        if not morph.monitor:
+            raise fail(key, value, "needs morph.monitor = true (the moves act on the monitor's DP measurements)")
+        if name.lower() in TORCH_SCHEDULES:
+            raise fail(key, value, f"needs a titan_morph schedule (PipeMorph, ZBH1, ZBH2, Morph1F1B), got {name!r}")
+        if not job.checkpoint:
+            raise fail(
+                key,
+                value,
+                "needs [checkpoint] enable = true: the run is checkpointed and restarted with the new rank order",
+            )
+    if stages > 1 and name.lower() in ONE_MICROBATCH_PER_STAGE and n < stages:
+        raise fail(
+            "parallelism.pipeline_parallel_schedule",
+            name,
+            f"needs at least as many microbatches as stages ({stages}); training.local_batch_size / "
+            f"pipeline_parallel_microbatch_size gives {n}",
+        )

@@ -1,0 +1,214 @@
+"""The resolved configuration: one frozen object, parsed once, read by every layer above.
+
+:func:`titan_morph.config.resolve` fills :class:`Settings`: lists as tuples with one value (or
+group) per link and per stage, rank pairs as tuples, and the derived values (world size,
+microbatches, delay limit; stage times, planned delays and their samples on demand).
+:class:`JobView` is what titan_morph needs of the TorchTitan job, filled by the adapter of the
+running TorchTitan release.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from titan_morph.comm.timeouts import CommTimeouts
+from titan_morph.config.fields import ConfigError
+from titan_morph.monitor.detect import DetectRule
+from titan_morph.pipelining.robust import sample_delays
+
+__all__ = ["InjectSettings", "JobView", "MorphSettings", "Settings", "SyntheticSettings"]
+
+Triple = tuple[float, float, float]
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What titan_morph reads of a TorchTitan job, whatever the release: the adapter of each release
+    fills it from that release's config (``integration``). ``ranks``: the number of ranks the
+    launcher was told to start (``NGPU``), None when it follows from the degrees."""
+
+    pipeline_parallel_degree: int = 1
+    data_parallel_replicate_degree: int = 1
+    data_parallel_shard_degree: int = 1
+    tensor_parallel_degree: int = 1
+    context_parallel_degree: int = 1
+    local_batch_size: int = 8
+    microbatch_size: int = 1
+    schedule: str = "1F1B"
+    stages_per_rank: int | None = 1
+    steps: int = 10
+    init_timeout_s: float = 300.0
+    train_timeout_s: float = 100.0
+    checkpoint: bool = False
+    ranks: int | None = None
+
+    @property
+    def degrees(self) -> dict[str, int]:
+        return {
+            "pipeline_parallel_degree": self.pipeline_parallel_degree,
+            "data_parallel_replicate_degree": self.data_parallel_replicate_degree,
+            "data_parallel_shard_degree": self.data_parallel_shard_degree,
+            "tensor_parallel_degree": self.tensor_parallel_degree,
+            "context_parallel_degree": self.context_parallel_degree,
+        }
+
+
+@dataclass(frozen=True)
+class InjectSettings:
+    """``[morph.inject]``, parsed (see :class:`~titan_morph.config.schema.Inject` for each option)."""
+
+    mode: str = "none"
+    delays_ms: tuple[float, ...] = ()
+    """One per link (or per rank pair with ``rank_links``); () when not set."""
+    rank_links: tuple[tuple[int, int], ...] = ()
+    direction: str = "both"
+    start_step: int = 1
+    end_step: int = 0
+    links: tuple[int, ...] = ()
+    random_mean_ms: float = 0.0
+    random_std_ms: float = 0.0
+    random_interval_ms: tuple[float, ...] = (100.0, 200.0)
+    seed: int = 0
+    trace_file: str = ""
+
+    def window(self, steps: int) -> tuple[int, int] | None:
+        """First and last step of the injected straggler (None when nothing is injected)."""
+        return None if self.mode == "none" else (self.start_step, self.end_step or steps)
+
+
+@dataclass(frozen=True)
+class SyntheticSettings:
+    """``[morph.synthetic]``, parsed: one value per stage where the pipeline is known."""
+
+    enabled: bool = False
+    fwd_ms: tuple[float, ...] = (10.0,)
+    bwd_ms: tuple[float, ...] = (10.0,)
+    wgt_ms: tuple[float, ...] = (10.0,)
+    hidden: int = 64
+
+
+@dataclass(frozen=True)
+class MorphSettings:
+    """``[morph]``, parsed (see :class:`~titan_morph.config.schema.Morph` for each option)."""
+
+    memory_budget: int = 0
+    stage_times_ms: tuple[float, ...] = ()
+    """Flat F, B, W per stage; () = profile them."""
+    plan_delays_ms: tuple[float, ...] = ()
+    plan_delays_std_ms: tuple[float, ...] = ()
+    plan_samples: int = 16
+    plan_seed: int = 0
+    profile_steps: int = 2
+    search: bool = False
+    search_iterations: int = 0
+    search_budget_ms: float = 200.0
+    transport: str = "default"
+    link_queue_depth: int = 2
+    delegates_per_link: int = 1
+    detect_consecutive: int = 3
+    recover_consecutive: int = 5
+    detect_margin: float = 0.1
+    recover_ratio: float = 0.5
+    adapt: bool = True
+    monitor: bool = True
+    detect_min_ms: float = 5.0
+    adapt_memory_budget: int = 0
+    orchestrator: str = "off"
+    dp_detect_min_ms: float = 5.0
+    inject: InjectSettings = field(default_factory=InjectSettings)
+    synthetic: SyntheticSettings = field(default_factory=SyntheticSettings)
+
+    @property
+    def depth(self) -> int | None:
+        """Link-queue depth of the configured transport: ``link_queue_depth`` for the blocking
+        default path (also ``auto``, which runs it until a link is delegated), None (never blocks)
+        for the delegated one."""
+        return None if self.transport == "delegate" else self.link_queue_depth
+
+    @property
+    def routed(self) -> bool:
+        """Whether a torch schedule's traffic must be routed (injected delays or a non-default path)."""
+        return self.inject.mode != "none" or self.transport != "default"
+
+    def detect_rule(self, floor_ms: float | None = None) -> DetectRule:
+        """The detector's rules (``detect_*``/``recover_*``); the floor is ``detect_min_ms`` unless
+        ``floor_ms`` is given (DP pairs: ``dp_detect_min_ms``)."""
+        return DetectRule(
+            detect_steps=self.detect_consecutive,
+            recover_steps=self.recover_consecutive,
+            margin=self.detect_margin,
+            recover_ratio=self.recover_ratio,
+            floor_ms=self.detect_min_ms if floor_ms is None else floor_ms,
+        )
+
+    def stage_times(self, stages: int) -> tuple[Triple, ...] | None:
+        """Per-stage (F, B, W) ms for ``stages`` stages: ``stage_times_ms``, else the synthetic
+        testbed's times when it is on, else None (unknown: profiled at run time)."""
+        if self.stage_times_ms:
+            flat = _for_stages(self.stage_times_ms, stages, 3, "morph.stage_times_ms")
+            return tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3))
+        syn = self.synthetic
+        if not syn.enabled:
+            return None
+        f, b, w = (
+            _for_stages(getattr(syn, n), stages, 1, f"morph.synthetic.{n}") for n in ("fwd_ms", "bwd_ms", "wgt_ms")
+        )
+        return tuple(zip(f, b, w))
+
+    def plan_delays(self, num_links: int) -> tuple[float, ...] | None:
+        """The per-link delays PipeMorph plans for from the start, or None (Alg. 1 without delays)."""
+        return _for_stages(self.plan_delays_ms, num_links, 1, "morph.plan_delays_ms") if self.plan_delays_ms else None
+
+    def plan_delay_samples(self, num_links: int) -> tuple[tuple[float, ...], ...] | None:
+        """``plan_samples`` delay vectors from N(``plan_delays_ms``, ``plan_delays_std_ms``), or None
+        when the initial plan is made for one vector (no std, or no samples)."""
+        mean = self.plan_delays(num_links)
+        if mean is None or not self.plan_delays_std_ms or not self.plan_samples:
+            return None
+        std = _for_stages(self.plan_delays_std_ms, num_links, 1, "morph.plan_delays_std_ms")
+        return sample_delays(mean, std, links=num_links, samples=self.plan_samples, seed=self.plan_seed)
+
+
+def _for_stages(values: tuple[float, ...], count: int, width: int, key: str) -> tuple[float, ...]:
+    """``values`` for ``count`` links or stages: as resolved, or one group repeated (a layout the
+    checks could not know, e.g. the stages per rank that the model decides)."""
+    if len(values) == count * width:
+        return values
+    if len(values) == width:
+        return values * count
+    raise ConfigError(f"{key}: {list(values)!r} needs {width} or {count * width} values for this pipeline ({count})")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The whole resolved configuration of one job."""
+
+    morph: MorphSettings
+    job: JobView
+    world_size: int
+    """Ranks: the product of the parallel degrees (a shard degree of -1 takes the rest of ``ranks``)."""
+    dp_degree: int
+    """Data-parallel replicas of each pipeline stage."""
+    microbatches: int
+    """N = local_batch_size / microbatch_size."""
+    delay_limit_ms: float
+    """Largest injected or planned delay per message (:func:`~titan_morph.config.rules.delay_limit_ms`)."""
+
+    @property
+    def stages(self) -> int:
+        """Pipeline ranks (the PP degree)."""
+        return self.job.pipeline_parallel_degree
+
+    @property
+    def num_links(self) -> int:
+        return max(self.stages - 1, 0)
+
+    @property
+    def hybrid(self) -> bool:
+        """DP x PP: more than one pipeline stage and more than one data-parallel replica."""
+        return self.stages > 1 and self.dp_degree > 1
+
+    @property
+    def timeouts(self) -> CommTimeouts:
+        """Every wait's bound: TorchTitan's ``[comm]`` timeouts."""
+        return CommTimeouts(self.job.init_timeout_s, self.job.train_timeout_s)

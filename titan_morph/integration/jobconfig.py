@@ -1,0 +1,252 @@
+"""TorchTitan 0.2.2's job config, read once: TOML + overrides -> its JobConfig -> titan_morph's
+:class:`~titan_morph.config.Settings`.
+
+The launcher (before any rank starts), the trainer on every rank and the comparison harness all
+come through :func:`load` / :func:`settings_of`, so they run the same checks in the same order:
+
+1. the TOML file parses and names only known keys (TorchTitan's sections and ``[morph]``);
+2. the command-line overrides name known options, with valid choices and numbers
+   (:func:`titan_morph.config.cli.check_overrides`);
+3. TorchTitan's own ``ConfigManager`` builds the JobConfig (with ``[morph]`` merged in);
+4. :func:`titan_morph.config.resolve` checks TorchTitan's settings titan_morph relies on and every
+   ``[morph]`` option, and returns the frozen settings;
+5. for titan_morph's TrainSpec, ``[experimental] custom_import`` imports and the schedule name is
+   registered.
+
+Every problem is one :class:`~titan_morph.config.ConfigError` line naming the key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from titan_morph.config import ConfigError, JobView, Settings, resolve
+from titan_morph.config.cli import check_overrides, expand_negated_flags, option_fields
+from titan_morph.config.fields import check_unknown_keys
+from titan_morph.config.schema import JobConfig as MorphJobConfig
+from titan_morph.config.schema import Morph
+
+__all__ = [
+    "CONFIG_MODULE",
+    "config_file_of",
+    "job_view",
+    "load",
+    "load_toml",
+    "prepare_args",
+    "settings_of",
+    "without_config_file",
+]
+
+CONFIG_MODULE = "titan_morph.integration.config"
+"""What ``[job] custom_config_module`` names so that TorchTitan merges ``[morph]``."""
+TRAIN_SPEC_NAME = "llama3_morph"
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """The parsed TOML file; a missing file or a syntax error is one line naming the file and, for
+    syntax errors, the line and column."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"job.config_file: {str(path)!r}: file not found") from None
+    except tomllib.TOMLDecodeError as err:
+        where = re.search(r"\(at line (\d+), column (\d+)\)", str(err))
+        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(err))
+        at = f":{where.group(1)}:{where.group(2)}" if where else ""
+        raise ConfigError(f"{path}{at}: invalid TOML: {message}") from None
+
+
+def config_file_of(argv: Sequence[str]) -> str | None:
+    """The ``--job.config_file`` value of a TorchTitan command line (None when absent)."""
+    for i, arg in enumerate(argv):
+        key, eq, value = arg.partition("=")
+        if key in ("--job.config_file", "--job.config-file"):
+            return value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return None
+
+
+def without_config_file(argv: Sequence[str]) -> list[str]:
+    """``argv`` less its ``--job.config_file`` option (either spelling, ``=`` or separate value)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--job.config_file", "--job.config-file"):
+            skip = True
+        elif not arg.startswith(("--job.config_file=", "--job.config-file=")):
+            out.append(arg)
+    return out
+
+
+def _morph_options() -> dict[str, Any]:
+    return option_fields(MorphJobConfig)
+
+
+def prepare_args(argv: Sequence[str]) -> list[str]:
+    """A TorchTitan command line made ready for titan_morph: the TOML's ``[morph]`` keys checked,
+    ``--morph.no-<flag>`` spelled ``--morph.<flag> false``, and the ``[morph]`` config module named
+    unless the command line or the TOML names one."""
+    path = config_file_of(argv)
+    toml = load_toml(path) if path else {}
+    if "morph" in toml:
+        morph = toml["morph"]
+        try:
+            check_unknown_keys(morph if isinstance(morph, Mapping) else {"morph": morph}, Morph, "morph")
+        except ConfigError as err:
+            raise ConfigError(f"{path}: {err}") from None
+    args = expand_negated_flags(argv, _morph_options())
+    named_on_cli = any(a.split("=")[0] in ("--job.custom_config_module", "--job.custom-config-module") for a in args)
+    job = toml.get("job", {})
+    named_in_toml = isinstance(job, Mapping) and bool(job.get("custom_config_module"))
+    return args if named_on_cli or named_in_toml else [*args, "--job.custom_config_module", CONFIG_MODULE]
+
+
+@contextlib.contextmanager
+def _captured_output() -> Iterator[list[str]]:
+    """Everything written to file descriptors 1 and 2 (tyro's messages, TorchTitan's log) goes to a
+    temporary file; the list yielded receives the text when the block ends."""
+    sink: list[str] = []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 1)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield sink
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            tmp.seek(0)
+            sink.append(tmp.read().decode(errors="replace"))
+
+
+def _first_message(text: str) -> str:
+    """What a parser that :func:`check_overrides` let through still refused: the first line of
+    text in its output, box drawing removed."""
+    for raw in text.splitlines():
+        line = raw.strip().strip("│╭╮╰╯─ ").strip()
+        if line and not line.lower().startswith(("usage", "for full helptext")):
+            return f"command line: {line}"
+    return "command line: TorchTitan could not parse the arguments"
+
+
+def _parse_job_config(config_file: str | Path, overrides: Sequence[str]) -> Any:
+    """TorchTitan's JobConfig for ``--job.config_file CONFIG *overrides``, as ``torchtitan.train``
+    builds it, after the TOML's keys and the overrides' names and values were checked."""
+    toml = load_toml(config_file)
+    argv = prepare_args(["--job.config_file", str(config_file), *overrides])
+    if "torchtitan.tools.utils" not in sys.modules:  # as titan_morph.train: adapt before torchtitan loads
+        from titan_morph.integration.cpu import adapt_torchtitan_to_cpu
+
+        adapt_torchtitan_to_cpu()
+    from torchtitan.config import ConfigManager
+    from torchtitan.config import JobConfig as TitanJobConfig
+
+    try:
+        check_unknown_keys({k: v for k, v in toml.items() if k != "morph"}, TitanJobConfig, "")
+    except ConfigError as err:
+        raise ConfigError(f"{config_file}: {err}") from None
+    check_overrides(argv, {**option_fields(TitanJobConfig), **_morph_options()})
+    error = ""
+    with _captured_output() as output:
+        try:
+            job_config = ConfigManager().parse_args(argv)
+        except SystemExit as exit_:
+            error = "help" if exit_.code in (0, None) else "parser"
+        except (ValueError, TypeError, ImportError) as err:
+            error = " ".join(str(err).split())
+    if error == "help":
+        print(output[0], end="")
+        raise SystemExit(0)
+    if error:
+        raise ConfigError(_first_message(output[0]) if error == "parser" else error)
+    return job_config
+
+
+def _stages_per_rank(job_config: Any) -> int | None:
+    """Stages per pipeline rank of titan_morph's TrainSpec (None = decided by the model); 1 for
+    other models, whose per-stage ``[morph]`` lists are not read."""
+    par = job_config.parallelism
+    if par.pipeline_parallel_degree < 2 or job_config.model.name != TRAIN_SPEC_NAME:
+        return 1
+    from titan_morph.integration.schedules import stages_per_rank_of
+
+    return stages_per_rank_of(par.pipeline_parallel_schedule, par.pipeline_parallel_layers_per_stage)
+
+
+def job_view(job_config: Any, ranks: int | None = None) -> JobView:
+    """What titan_morph reads of a TorchTitan 0.2.2 JobConfig (``ranks``: the launcher's NGPU)."""
+    par, training, comm = job_config.parallelism, job_config.training, job_config.comm
+    return JobView(
+        pipeline_parallel_degree=int(par.pipeline_parallel_degree),
+        data_parallel_replicate_degree=int(par.data_parallel_replicate_degree),
+        data_parallel_shard_degree=int(par.data_parallel_shard_degree),
+        tensor_parallel_degree=int(par.tensor_parallel_degree),
+        context_parallel_degree=int(par.context_parallel_degree),
+        local_batch_size=int(training.local_batch_size),
+        microbatch_size=int(par.pipeline_parallel_microbatch_size),
+        schedule=str(par.pipeline_parallel_schedule),
+        stages_per_rank=_stages_per_rank(job_config),
+        steps=int(training.steps),
+        init_timeout_s=float(comm.init_timeout_seconds),
+        train_timeout_s=float(comm.train_timeout_seconds),
+        checkpoint=bool(job_config.checkpoint.enable),
+        ranks=ranks,
+    )
+
+
+def _check_schedule(job_config: Any) -> None:
+    """For titan_morph's TrainSpec: ``[experimental] custom_import`` (which may register schedules)
+    imports, and the schedule name is registered."""
+    par = job_config.parallelism
+    if par.pipeline_parallel_degree < 2 or job_config.model.name != TRAIN_SPEC_NAME:
+        return
+    from titan_morph.integration.schedules import check_schedule_name, schedule_names
+
+    custom = job_config.experimental.custom_import
+    if custom:
+        try:
+            importlib.import_module(custom)
+        except ImportError as err:
+            raise ConfigError(f"experimental.custom_import: {custom!r} cannot be imported: {err}") from None
+    try:
+        check_schedule_name(par.pipeline_parallel_schedule)
+    except ValueError:
+        allowed = ", ".join(schedule_names())
+        raise ConfigError(
+            f"parallelism.pipeline_parallel_schedule: {par.pipeline_parallel_schedule!r} is not one of {allowed}"
+        ) from None
+
+
+def settings_of(job_config: Any, ranks: int | None = None) -> Settings:
+    """The resolved settings of a TorchTitan 0.2.2 JobConfig (the schedule checked too)."""
+    morph = getattr(job_config, "morph", None)
+    if not isinstance(morph, Morph):
+        raise ConfigError(f"morph: the [morph] section is missing: set [job] custom_config_module = {CONFIG_MODULE!r}")
+    _check_schedule(job_config)
+    return resolve(morph, job_view(job_config, ranks))
+
+
+def load(config_file: str | Path, overrides: Sequence[str] = (), ranks: int | None = None) -> tuple[Any, Settings]:
+    """TorchTitan's JobConfig and titan_morph's settings for a TOML file and its overrides: every
+    check a rank would run, before any rank starts."""
+    job_config = _parse_job_config(config_file, overrides)
+    return job_config, settings_of(job_config, ranks)

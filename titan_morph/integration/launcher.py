@@ -1,0 +1,137 @@
+"""The launcher behind ``./run_train.sh``: check the whole configuration, then start torchrun under
+the supervisor (:mod:`.supervisor`), which leaves nothing behind.
+
+``python -m titan_morph.launch run [--nproc N] [--log-rank R] CONFIG.toml [--section.key value ...]``
+    Reads the TOML and the overrides exactly as the ranks will
+    (:func:`~titan_morph.integration.jobconfig.load`: TorchTitan's ``ConfigManager`` with ``[morph]``,
+    then every check of :func:`titan_morph.config.resolve`), checks ``NGPU`` and ``LOG_RANK``
+    against the job and the host, and only then starts ``torchrun``. A bad input is one line
+    ``error: <key>: <what is wrong and what is allowed>`` on stderr and exit code 2, before any
+    rank starts.
+``python -m titan_morph.launch check CONFIG.toml [overrides ...]``
+    The checks alone (exit 0 or 2).
+``python -m titan_morph.launch ngpu CONFIG.toml [overrides ...]``
+    Prints the number of ranks the config needs.
+``python -m titan_morph.launch supervise -- COMMAND ...``
+    Runs a torchrun command so that nothing outlives it (:func:`.supervisor.supervise`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from titan_morph.config import ConfigError, Settings
+from titan_morph.integration.jobconfig import config_file_of, load, without_config_file
+from titan_morph.integration.supervisor import TRAIN_MODULE, supervise_main, torchrun_args
+
+__all__ = ["EXIT_BAD_CONFIG", "check_devices", "check_log_ranks", "loss_rank", "main", "run"]
+
+EXIT_BAD_CONFIG = 2
+USAGE = """usage:
+  python -m titan_morph.launch run [--nproc N] [--log-rank R] CONFIG.toml [--section.key value ...]
+  python -m titan_morph.launch check CONFIG.toml [--section.key value ...]
+  python -m titan_morph.launch supervise -- COMMAND ...
+  python -m titan_morph.launch ngpu CONFIG.toml [--section.key value ...]"""
+
+
+def loss_rank(settings: Settings, ranks: int) -> int:
+    """The rank that logs the loss: the last one, or rank 0 for a V schedule (ZBVZeroBubble,
+    DualPipeV, PipeMorphV), whose last stage runs there."""
+    if settings.stages > 1:
+        from titan_morph.integration.schedules import schedule_placement
+
+        try:
+            if schedule_placement(settings.job.schedule) == "v":
+                return 0
+        except ValueError:  # not a schedule titan_morph knows: TorchTitan's own rule below
+            pass
+    return ranks - 1
+
+
+def check_devices(ranks: int, cuda_devices: int) -> None:
+    """One rank per GPU: with CUDA present, ``ranks`` beyond ``cuda_devices`` is one error line (NCCL
+    refuses two ranks on one device). Without CUDA (``cuda_devices == 0``) ranks run on CPU."""
+    if cuda_devices and ranks > cuda_devices:
+        raise ConfigError(
+            f"NGPU: {ranks} ranks but this host has {cuda_devices} CUDA device(s); titan_morph runs one rank per "
+            f"GPU: set NGPU <= {cuda_devices} (and a smaller pipeline_parallel_degree), or train on CPU with "
+            'CUDA_VISIBLE_DEVICES=""'
+        )
+
+
+def check_log_ranks(spec: str, ranks: int) -> None:
+    """``LOG_RANK``: comma-separated ranks of this job (torchrun's ``--local-ranks-filter``)."""
+    for part in spec.split(","):
+        if not (part.strip().isdigit() and int(part) < ranks):
+            raise ConfigError(f"LOG_RANK: {spec!r} must name ranks of this job, 0..{ranks - 1}, separated by commas")
+
+
+def _ranks_option(nproc: str | None) -> int | None:
+    if nproc is None:
+        return None
+    if not (nproc.isdigit() and int(nproc) >= 1):
+        raise ConfigError(f"NGPU: {nproc!r} is not a number of ranks (>= 1)")
+    return int(nproc)
+
+
+def run(config_file: str, overrides: list[str], *, nproc: int | None = None, log_rank: str = "") -> int:
+    """``./run_train.sh``: check, then replace this process by the supervisor of torchrun (so the
+    memory of the check's imports is not held during training). Returns only on a bad config."""
+    _, settings = load(config_file, overrides, ranks=nproc)
+    n = settings.world_size
+    import torch
+
+    check_devices(n, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    if log_rank:
+        check_log_ranks(log_rank, n)
+    shown = log_rank or str(loss_rank(settings, n))
+    run_id = os.environ.setdefault("TITAN_MORPH_RUN_ID", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
+    print(
+        f"run_train.sh: {n} ranks, config {config_file}, run id {run_id}, showing rank(s) {shown}",
+        file=sys.stderr,
+        flush=True,
+    )
+    torchrun = [
+        *torchrun_args(sys.executable, n, shown),
+        "-m",
+        TRAIN_MODULE,
+        "--job.config_file",
+        config_file,
+        *overrides,
+    ]
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "titan_morph.launch", "supervise", "--", *torchrun])
+    return 0  # not reached
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("run", "check", "supervise", "ngpu"):
+        print(USAGE, file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    command, args = argv[0], argv[1:]
+    if command == "supervise":
+        return supervise_main(args)
+    options: dict[str, str] = {}
+    while command == "run" and args[:1] and args[0] in ("--nproc", "--log-rank") and len(args) > 1:
+        options[args[0]], args = args[1], args[2:]
+    if not args:
+        print(USAGE, file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    config_file, overrides = args[0], args[1:]
+    named = config_file_of(overrides)  # --job.config_file among the overrides wins, as in TorchTitan's CLI
+    if named:
+        config_file, overrides = named, without_config_file(overrides)
+    try:
+        if command == "ngpu":
+            print(load(config_file, overrides)[1].world_size)
+        elif command == "check":
+            load(config_file, overrides)
+        else:
+            nproc = _ranks_option(options.get("--nproc"))
+            return run(config_file, overrides, nproc=nproc, log_rank=options.get("--log-rank", ""))
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return EXIT_BAD_CONFIG
+    return 0
