@@ -447,3 +447,46 @@ def test_issue_hint_and_planned_delivery_reach_the_receiver():
         assert s.planned == pytest.approx(s.accepted + 20.0)
         assert r.planned == pytest.approx(s.planned, abs=1e-3) and due == pytest.approx(s.planned, abs=1e-3)
         assert r.completed >= s.planned - 0.5
+
+
+def _unwaited_send_fails(rank: int, world: int) -> dict:
+    """Rank 0 sends one message (300 ms delay) on a group rank 1 destroys at once: nobody waits the send,
+    so only the draining close can see that it never completed."""
+    import gc
+
+    import torch
+    import torch.distributed as dist
+
+    from titan_morph.comm import EmulatedTransport, TorchTransport, UndeliveredError, sync_clock
+    from titan_morph.pipelining.links import StaticDelays
+
+    pg = dist.new_group([0, 1])
+    clock = sync_clock()
+    emu = EmulatedTransport(
+        TorchTransport(), StaticDelays((300.0,)), stage=rank, num_stages=world, group=pg, depth=None, epoch=clock.epoch
+    )
+    dist.barrier()
+    out: dict = {}
+    if rank == 0:
+        emu.batch_p2p([dist.P2POp(dist.isend, torch.ones(1000), 1, pg)])  # the handle is dropped, never waited
+        t0 = time.monotonic()
+        try:
+            emu.close(timeout=2.0)
+        except UndeliveredError as e:
+            out["error"] = (str(e), repr(e.__cause__))
+        out["took"] = time.monotonic() - t0
+    else:
+        emu.close(drain=False)
+        dist.destroy_process_group(pg)  # the peer's end of the link is gone
+        del pg
+        gc.collect()
+    dist.barrier()
+    return out
+
+
+def test_draining_close_reports_a_send_that_failed_unwaited():
+    sender, _ = run_ranks(_unwaited_send_fails, 2, timeout=60)
+    assert "error" in sender, "a draining close swallowed the failure of a send nobody waited"
+    msg, cause = sender["error"]
+    assert "rank 0" in msg and "link 0 (fwd)" in msg and "send of message 0" in msg and "stage 1" in msg
+    assert cause != "None" and sender["took"] < 10.0

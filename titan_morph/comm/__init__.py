@@ -6,9 +6,12 @@ threads; ``from titan_morph.comm import EmulatedTransport`` imports what it name
 Modules: ``transport`` (the :class:`Transport` and :class:`Handle` protocols, torch's own P2P),
 ``records`` (message records), ``clock`` (the pipeline's common clock), ``groups`` (CPU groups for
 small collectives), ``scope`` (swap torch's ``_batch_p2p`` for one step), ``recorded`` (torch P2P
-with records), ``emulator`` (the link emulator), ``delegate`` + ``delegate_worker`` + ``shm`` (the
-delegated data plane), ``pairs`` (the default path on one process group per link, which can break
-and be re-made alone), ``failover`` (``auto``: default path, delegated on demand or on failure).
+with records), ``emulator`` (the link emulator; ``emulator_recv`` its receive side, ``emulator_notices``
+its store notices), ``delegate`` (the delegated data plane: ``delegate_pool`` its processes,
+``delegate_slots`` its shared-memory data path, ``delegate_worker`` + ``shm`` below them), ``pairs``
+(the default path on one process group per link, which can break and be re-made alone),
+``failover`` (``auto``: default path, delegated on demand or on failure; ``failover_router`` which
+path carries a link, ``failover_resend`` the replay on a new path, ``failover_probe`` the way back).
 
 Use from a pipeline schedule (one stage per pp rank)::
 
@@ -46,6 +49,7 @@ _EXPORTS = {
     "cpu_group": "groups",
     "MessageRecord": "records",
     "CommTimeoutError": "records",
+    "UndeliveredError": "records",
     "EmulatedTransport": "emulator",
     "DelegateTransport": "delegate",
     "DelegateError": "delegate",

@@ -18,7 +18,7 @@ order whether or not the consumer is waiting yet: it waits (in ``poll_s`` slices
 the model for a down link and the transport for ``close``) for the sender's commit notice in the
 c10d store, written by the link thread as soon as the message is accepted (after releasing
 whatever is due, so a message due at once never waits for a store round trip; the notice also
-carries the planned delivery time, ``_RecvHandle.due_s``, for a device clock). Then the inner
+carries the planned delivery time, ``RecvHandle.due_s``, for a device clock). Then the inner
 work is certain to complete at ≈ the delivery time; whoever blocks on it stamps
 ``MessageRecord.arrived`` when it does: the consumer if its ``wait`` had begun by the notice
 (so it wakes once, at the arrival, as with no watcher), else the watcher — the true arrival even
@@ -52,7 +52,6 @@ GIL in pure Python code, the stamp can lag by up to ``sys.getswitchinterval()`` 
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import math
 import threading
@@ -60,8 +59,11 @@ import time
 from collections import deque
 
 import torch.distributed as dist
+from torch._C._distributed_c10d import Store
 
-from titan_morph.comm.records import CommTimeoutError, MessageBook, MessageRecord
+from titan_morph.comm.emulator_notices import NoticeBoard
+from titan_morph.comm.emulator_recv import RecvHandle, RecvWatcher
+from titan_morph.comm.records import CommTimeoutError, MessageBook, MessageRecord, UndeliveredError
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 from titan_morph.comm.transport import DefaultPathOnly, Handle, Transport, group_by_link
 from titan_morph.pipelining.links import LinkDownError, LinkModel, LinkQueue
@@ -147,8 +149,8 @@ class _Sender(threading.Thread):
                     item.record.status = "error"
             for item in announce:
                 try:
-                    owner._notify(item.key, f"{item.value}:{item.record.nbytes}:{item.record.planned or 0.0:.4f}")
-                    owner._forget(self.link, self.direction, item.record.seq)
+                    owner.notices.post(item.key, f"{item.value}:{item.record.nbytes}:{item.record.planned or 0.0:.4f}")
+                    owner.notices.forget(self.link, self.direction, item.record.seq)
                 except BaseException as e:  # surfaced by the handle's wait()
                     if not item.done.is_set():
                         item.error = e
@@ -206,158 +208,11 @@ class _SendHandle:
         return self.item.record.completed is not None
 
 
-class _RecvHandle:
-    """A posted receive. Its link's watcher waits for the sender's notice (``_await_notice``); the
-    data is then waited, and ``arrived`` stamped, by the consumer if it was already waiting (one
-    thread wake at arrival, as without a watcher) or else by the watcher (``_take_data``). ``wait``
-    raises LinkDownError/RuntimeError from either, or CommTimeoutError, instead of hanging."""
-
-    def __init__(
-        self, owner: EmulatedTransport, ops: list[dist.P2POp], handles: list[Handle], key: str, record: MessageRecord
-    ) -> None:
-        self.owner, self.ops, self.handles, self.key, self.record = owner, ops, handles, key, record
-        self._done = False
-        # When the link model delivers the message (time.monotonic() s), known once the sender's
-        # notice is read: a device clock (titan_morph.runtime.testbed) starts the consuming op then.
-        self.due_s: float | None = None
-        self.settled = threading.Event()  # set by the watcher: notice handled (data too unless ``_by_consumer``)
-        self.error: BaseException | None = None
-        self.wait_started: float | None = None  # first consumer wait (monotonic s): down-link grace
-        self._lock = threading.Lock()
-        self._by_consumer = False  # the consumer was waiting when the notice came: it takes the data
-        self._refused = False  # the notice says the sender refused it (a placeholder travels)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        if self._done:
-            return True
-        owner, rec = self.owner, self.record
-        bound = owner.timeout_s if timeout is None else timeout
-        deadline = time.monotonic() + bound
-        with self._lock:
-            if self.wait_started is None:
-                self.wait_started = time.monotonic()
-                rec.waited = owner.now_ms()
-        if not self.settled.wait(max(0.0, bound)):
-            rec.status = "error"
-            raise CommTimeoutError(
-                f"{owner.where()}: receive of message {rec.seq} on link {rec.link} ({rec.direction}) from stage "
-                f"{rec.peer_stage} did not arrive within {bound:.3g} s (posted at {rec.issued:.1f} ms, "
-                f"step {rec.step}; no notice from the sender)"
-            )
-        if self.error is None and self._by_consumer and rec.arrived is None:
-            try:
-                self._take_data(max(0.0, deadline - time.monotonic()))
-            except BaseException as e:
-                self.error = e
-        if rec.arrived is not None and rec.completed is None:
-            rec.completed = owner.now_ms()
-        if self.error is not None:
-            raise self.error
-        self._done = True
-        return True
-
-    def is_completed(self) -> bool:
-        return self._done
-
-    def _await_notice(self) -> None:
-        """Run by the link's watcher: wait for the sender's notice (in ``poll_s`` slices; gives up on
-        ``close``, or once the consumer has waited ``down_grace_s`` on a link the model says is
-        down); then wait for the data (certain to come) unless the consumer is waiting already."""
-        owner, rec = self.owner, self.record
-        down_since: float | None = None
-        while True:
-            if owner._closed:
-                raise RuntimeError(
-                    f"EmulatedTransport closed before message {rec.seq} on link {rec.link} ({rec.direction}) "
-                    f"arrived from stage {rec.peer_stage}"
-                )
-            value = owner._await_value(rec.link, rec.direction, self.key, owner.poll_s)
-            if value is not None:
-                break
-            if math.isinf(owner.links.delay_ms(rec.link, rec.direction, owner.now_ms(), owner.step)):
-                down_since = time.monotonic() if down_since is None else down_since
-                waiting = self.wait_started
-                if waiting is not None and time.monotonic() - max(down_since, waiting) >= owner.down_grace_s:
-                    rec.status = "down"
-                    raise LinkDownError(
-                        rec.link, rec.direction, f": nothing arrived from stage {rec.peer_stage} (message {rec.seq})"
-                    )
-            else:
-                down_since = None
-        rec.notified = owner.now_ms()
-        status, sent, *planned = value.split(":")
-        sent_bytes = int(sent)
-        if planned:  # the link model's delivery time, set by the sender
-            rec.planned = float(planned[0])
-            self.due_s = owner.epoch + rec.planned / 1e3
-        if sent_bytes != rec.nbytes:
-            rec.status = "error"
-            raise RuntimeError(
-                f"link {rec.link} ({rec.direction}) message {rec.seq}: stage {rec.peer_stage} sent {sent_bytes} bytes "
-                f"but this stage posted {rec.nbytes}; both sides must group ops into messages identically"
-            )
-        self._refused = status == "down"
-        with self._lock:
-            self._by_consumer = self.wait_started is not None
-        if not self._by_consumer:
-            self._take_data(owner.timeout_s)
-
-    def _take_data(self, timeout_s: float) -> None:
-        """Block on the inner receive (its notice was seen: the data comes at ≈ the delivery time)."""
-        owner, rec = self.owner, self.record
-        deadline = time.monotonic() + timeout_s
-        for h in self.handles:
-            h.wait(max(0.0, deadline - time.monotonic()))
-        rec.arrived = owner.now_ms()
-        if self._refused:  # the sender refused it; its placeholder kept the wire in step
-            rec.status = "down"
-            raise LinkDownError(rec.link, rec.direction, f": stage {rec.peer_stage} could not send message {rec.seq}")
-        rec.status = "done"
-
-
-class _RecvWatcher(threading.Thread):
-    """Handles one (link, direction)'s posted receives in posting order as their notices and data
-    arrive, whatever the consumer is doing, so ``MessageRecord.arrived`` is the true arrival."""
-
-    def __init__(self, owner: EmulatedTransport, link: int, direction: str) -> None:
-        super().__init__(name=f"titan_morph-recv-link{link}-{direction}", daemon=True)
-        self.owner = owner
-        self.pending: deque[_RecvHandle] = deque()
-        self.cond = threading.Condition()
-
-    def put(self, handle: _RecvHandle) -> None:
-        with self.cond:
-            self.pending.append(handle)
-            self.cond.notify()
-
-    def stop(self) -> None:
-        """Wake an idle watcher after ``owner._closed`` was set (a busy one sees it within ``poll_s``)."""
-        with self.cond:
-            self.cond.notify()
-
-    def run(self) -> None:
-        owner = self.owner
-        while True:
-            with self.cond:
-                while not self.pending and not owner._closed:
-                    self.cond.wait()
-                if not self.pending:
-                    return
-                handle = self.pending.popleft()
-            try:
-                handle._await_notice()
-            except BaseException as e:  # re-raised by the consumer's wait()
-                handle.error = e
-            handle.settled.set()
-
-
+# Module-level: the store namespace of the n-th emulator built in this process must match on every rank.
 _instances = itertools.count()
-# Commit notices older than this many messages on a (link, direction) are deleted by the sender: a
-# receiver never lags that far behind (a pipeline has at most ~microbatches messages in flight).
-KEY_WINDOW = 4096
 
 
-class EmulatedTransport(DefaultPathOnly, MessageBook):
+class EmulatedTransport(DefaultPathOnly, MessageBook, Transport):
     """Wraps ``inner`` and delays pipeline messages per ``links`` (see module docstring).
 
     Args:
@@ -396,7 +251,7 @@ class EmulatedTransport(DefaultPathOnly, MessageBook):
         timeouts: CommTimeouts = DEFAULT_TIMEOUTS,
         down_grace_s: float = 1.0,
         poll_s: float = 1.0,
-        store: dist.Store | None = None,
+        store: Store | None = None,
         namespace: str | None = None,
     ) -> None:
         if links.num_links != num_stages - 1:
@@ -412,15 +267,12 @@ class EmulatedTransport(DefaultPathOnly, MessageBook):
         self.inner, self.links, self.depth = inner, links, depth
         self.timeouts = timeouts
         self.down_grace_s, self.poll_s = float(down_grace_s), float(poll_s)
-        self._base_store = store if store is not None else dist.distributed_c10d._get_default_store()
+        base = store if store is not None else dist.distributed_c10d._get_default_store()
         ns = namespace if namespace is not None else f"titan_morph/emu/{self._group_name}/{next(_instances)}"
-        self._namespace = ns
-        self._send_store = dist.PrefixStore(ns, self._base_store.clone())
-        self._send_store_lock, self._recv_lock = threading.Lock(), threading.Lock()
-        self._recv_clients: dict[tuple[int, str], list] = {}
+        self.notices = NoticeBoard(base, ns)
         self._queues: dict[tuple[int, str], LinkQueue] = {}
         self._senders: dict[tuple[int, str], _Sender] = {}
-        self._watchers: dict[tuple[int, str], _RecvWatcher] = {}
+        self._watchers: dict[tuple[int, str], RecvWatcher] = {}
         self._blocked: dict[int, float] = {}
         # Sends not yet waited, kept alive: dropping a gloo Work before it completes cancels the send.
         self._unwaited: dict[int, _Outgoing] = {}
@@ -428,6 +280,10 @@ class EmulatedTransport(DefaultPathOnly, MessageBook):
         self._issue_hint: tuple[float, float] | None = None
         self._last_issue: dict[tuple[int, str], float] = {}
         self._close_at_exit()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def set_step(self, step: int) -> None:
         """The training step about to run, here and in ``inner`` (its timeouts, its injected breaks)."""
@@ -452,42 +308,6 @@ class EmulatedTransport(DefaultPathOnly, MessageBook):
             raise ValueError(f"max_early_ms must be a finite number of ms >= 0, got {max_early_ms}")
         self._issue_hint = (float(t_s), float(max_early_ms))
 
-    # -- store side channel ----------------------------------------------------------------
-    def _key(self, link: int, direction: str, seq: int) -> str:
-        return f"{link}/{direction}/{seq}"
-
-    def _notify(self, key: str, value: str) -> None:
-        with self._send_store_lock:
-            self._send_store.set(key, value)
-
-    def _await_value(self, link: int, direction: str, key: str, timeout_s: float) -> str | None:
-        """The commit notice of a message, waiting at most ``timeout_s`` (one store round trip).
-
-        One store client per (link, direction), so a wait on one link never delays another's."""
-        with self._recv_lock:
-            client = self._recv_clients.get((link, direction))
-            if client is None:
-                client = self._recv_clients[(link, direction)] = [
-                    dist.PrefixStore(self._namespace, self._base_store.clone()),
-                    threading.Lock(),
-                    -1.0,
-                ]
-        store, lock, _ = client
-        with lock:
-            if timeout_s != client[2]:
-                store.set_timeout(datetime.timedelta(seconds=timeout_s))
-                client[2] = timeout_s
-            try:
-                return store.get(key).decode()
-            except dist.DistStoreError:
-                return None
-
-    def _forget(self, link: int, direction: str, seq: int) -> None:
-        """Delete the notice ``KEY_WINDOW`` messages back (long consumed) so the store stays small."""
-        if seq >= KEY_WINDOW:
-            with self._send_store_lock:
-                self._send_store.delete_key(self._key(link, direction, seq - KEY_WINDOW))
-
     # -- issue path ------------------------------------------------------------------------
     def _sender(self, link: int, direction: str) -> _Sender:
         s = self._senders.get((link, direction))
@@ -496,10 +316,10 @@ class EmulatedTransport(DefaultPathOnly, MessageBook):
             s.start()
         return s
 
-    def _watcher(self, link: int, direction: str) -> _RecvWatcher:
+    def _watcher(self, link: int, direction: str) -> RecvWatcher:
         w = self._watchers.get((link, direction))
         if w is None:
-            w = self._watchers[(link, direction)] = _RecvWatcher(self, link, direction)
+            w = self._watchers[(link, direction)] = RecvWatcher(self, link, direction)
             w.start()
         return w
 
@@ -510,7 +330,7 @@ class EmulatedTransport(DefaultPathOnly, MessageBook):
         seq = self._next(self._send_seq, link, direction)
         rec = self._new_record("send", link, direction, seq, ops)
         rec.status = "down"
-        item = _Outgoing(ops, time.monotonic(), self._key(link, direction, seq), rec, "down")
+        item = _Outgoing(ops, time.monotonic(), self.notices.key(link, direction, seq), rec, "down")
         self._unwaited[id(item)] = item
         self._sender(link, direction).put(item)
         return LinkDownError(link, direction, f"{when}: send of message {seq} to stage {rec.peer_stage} refused")
@@ -539,7 +359,7 @@ class EmulatedTransport(DefaultPathOnly, MessageBook):
                     continue
                 seq = self._next(self._recv_seq, link, d)
                 rec = self._new_record("recv", link, d, seq, mops)
-                handle = _RecvHandle(self, mops, self.inner.batch_p2p(mops, desc), self._key(link, d, seq), rec)
+                handle = RecvHandle(self, mops, self.inner.batch_p2p(mops, desc), self.notices.key(link, d, seq), rec)
                 self._watcher(link, d).put(handle)
                 handles.append(handle)
             for (link, d, send), mops in messages.items():
@@ -570,7 +390,7 @@ class EmulatedTransport(DefaultPathOnly, MessageBook):
         if wait_s > 0:  # head-of-line blocking: the caller waits for the oldest in-flight delivery
             time.sleep(wait_s)
         self._blocked[link] = self._blocked.get(link, 0.0) + timing.blocked
-        item = _Outgoing(ops, self.epoch + timing.delivered / 1e3, self._key(link, direction, seq), rec, "ok")
+        item = _Outgoing(ops, self.epoch + timing.delivered / 1e3, self.notices.key(link, direction, seq), rec, "ok")
         self._unwaited[id(item)] = item
         self._sender(link, direction).put(item)
         return _SendHandle(self, item)
@@ -583,7 +403,13 @@ class EmulatedTransport(DefaultPathOnly, MessageBook):
     # -- lifecycle -------------------------------------------------------------------------
     def close(self, timeout: float | None = None, drain: bool = True) -> None:
         """Release queued sends (``drain``) or drop them, stop the link threads and the receive
-        watchers (receives still outstanding then fail with RuntimeError), close ``inner``."""
+        watchers (receives still outstanding then fail with RuntimeError), close ``inner``.
+
+        A draining close also finishes the sends nobody waited; one that failed (released or not) is
+        reported once everything is closed: :class:`~titan_morph.comm.records.UndeliveredError`
+        naming rank, link, direction and message, chained to the first failure. Placeholders of
+        refused sends are not reported again (their ``LinkDownError`` was raised at issue).
+        ``CommTimeoutError`` when a thread did not finish in time (and no send failed)."""
         if self._closed:
             return
         self._closed = True
@@ -604,20 +430,38 @@ class EmulatedTransport(DefaultPathOnly, MessageBook):
             w.join(max(deadline - time.monotonic(), self.poll_s + 1.0))
             if w.is_alive():
                 stuck.append(f"link {link} {d} (receive watcher)")
-        if drain:  # sends nobody waited (e.g. placeholders of refused ones) must finish before teardown
-            for item in list(self._unwaited.values()):
-                for h in item.handles:
-                    try:
-                        h.wait(max(0.1, min(5.0, deadline - time.monotonic())))
-                    except Exception:
-                        pass
+        failed = self._finish_unwaited(deadline) if drain else []
         self._unwaited.clear()
         # Break owner<->thread cycles and drop the extra store clients now, not at interpreter exit.
         self._senders, self._watchers = {}, {}
-        self._recv_clients.clear()
+        self.notices.close()
         self.inner.close(timeout, drain)
+        if failed:
+            also = f"; threads not finished in time on {', '.join(stuck)}" if stuck else ""
+            raise UndeliveredError(
+                f"EmulatedTransport.close: {self.where()}: {len(failed)} send(s) nobody waited failed: "
+                + "; ".join(f"{what}: {type(e).__name__}: {e}" for what, e in failed)
+                + also
+            ) from failed[0][1]
         if stuck:
             raise CommTimeoutError(f"EmulatedTransport.close: threads not finished in time on {', '.join(stuck)}")
+
+    def _finish_unwaited(self, deadline: float) -> list[tuple[str, BaseException]]:
+        """Wait the sends nobody waited (they must finish before teardown); the real ones that failed."""
+        failed: list[tuple[str, BaseException]] = []
+        for item in list(self._unwaited.values()):
+            rec, error = item.record, item.error
+            for h in item.handles:
+                try:
+                    h.wait(max(0.1, min(5.0, deadline - time.monotonic())))
+                except Exception as e:
+                    error = error or e
+            if error is not None and item.value == "ok":
+                rec.status = "error"
+                failed.append(
+                    (f"send of message {rec.seq} on link {rec.link} ({rec.direction}) to stage {rec.peer_stage}", error)
+                )
+        return failed
 
     def __enter__(self) -> EmulatedTransport:
         return self

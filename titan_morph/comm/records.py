@@ -21,11 +21,16 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["CommTimeoutError", "MessageBook", "MessageRecord", "close_at_exit", "op_nbytes"]
+__all__ = ["CommTimeoutError", "MessageBook", "MessageRecord", "UndeliveredError", "close_at_exit", "op_nbytes"]
 
 
 class CommTimeoutError(TimeoutError):
     """A pipeline message did not complete within its bound (names link, direction and peer)."""
+
+
+class UndeliveredError(RuntimeError):
+    """Sends nobody waited failed; a draining ``close`` raises it once it is done, naming rank, link,
+    direction and message of each (its cause: the first failure), so no failed send goes unreported."""
 
 
 @dataclass
@@ -83,6 +88,7 @@ def op_nbytes(ops: list[dist.P2POp]) -> int:
     return sum(op.tensor.numel() * op.tensor.element_size() for op in ops)
 
 
+# Module-level: the interpreter-exit hook below must find every open transport of the process.
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
@@ -139,7 +145,9 @@ class MessageBook:
             raise ValueError(f"{kind}: max_records must be >= 1, got {max_records}")
         if not dist.is_initialized():
             raise RuntimeError(f"{kind} needs torch.distributed to be initialized")
-        self.group = group if group is not None else dist.group.WORLD
+        pipeline = group if group is not None else dist.group.WORLD
+        assert pipeline is not None  # torch.distributed is initialized (checked above)
+        self.group = pipeline
         rank, size = dist.get_rank(self.group), dist.get_world_size(self.group)
         if size != num_stages or rank != stage:
             raise ValueError(
