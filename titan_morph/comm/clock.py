@@ -84,7 +84,10 @@ def sync_clock(
     rank returns the same offsets and its own ``epoch``, the same instant everywhere."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
-    cpu = cpu_group(group if group is not None else dist.group.WORLD)
+    pipeline = group if group is not None else dist.group.WORLD
+    if pipeline is None:
+        raise RuntimeError("sync_clock needs torch.distributed to be initialized")
+    cpu = cpu_group(pipeline)
     offsets, rtts = _offsets(cpu, rounds, clock)
     dist.barrier(group=cpu)
     start = torch.tensor([clock()], dtype=torch.float64)

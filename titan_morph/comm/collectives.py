@@ -42,7 +42,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -161,9 +161,11 @@ class _Config:
     step: int = 0
     records: deque[CollectiveRecord] = field(default_factory=lambda: deque(maxlen=MAX_RECORDS))
     lock: threading.Lock = field(default_factory=threading.Lock)
-    ordinals: dict[tuple[int, ...], itertools.count] = field(default_factory=dict)
+    ordinals: dict[tuple[int, ...], itertools.count[int]] = field(default_factory=dict)
 
 
+# Module-level: c10d builds each DelayedGroup through the registered backend factory, which takes no
+# arguments of ours, so the hosts, delays and step it reads are the process's.
 _config = _Config()
 
 
@@ -202,7 +204,7 @@ class _Item:
         self.works, self.record, self.outputs = works, record, outputs
         self.event = threading.Event()
         self.error: BaseException | None = None
-        self.futures: list[torch.futures.Future] = []
+        self.futures: list[torch.futures.Future[Any]] = []
         self.lock = threading.Lock()
 
     def finish(self) -> None:
@@ -212,14 +214,14 @@ class _Item:
         for fut in futures:
             self._settle(fut)
 
-    def _settle(self, fut: torch.futures.Future) -> None:
+    def _settle(self, fut: torch.futures.Future[Any]) -> None:
         if self.error is not None:
             fut.set_exception(self.error)
         else:
             fut.set_result(self.outputs)
 
-    def future(self) -> torch.futures.Future:
-        fut: torch.futures.Future = torch.futures.Future()
+    def future(self) -> torch.futures.Future[Any]:
+        fut: torch.futures.Future[Any] = torch.futures.Future()
         with self.lock:
             if not self.event.is_set():
                 self.futures.append(fut)
@@ -262,7 +264,7 @@ class _DelayedWork(dist.Work):
     def result(self) -> Any:
         return self._item.outputs
 
-    def get_future(self) -> torch.futures.Future:
+    def get_future(self) -> torch.futures.Future[Any]:
         return self._item.future()
 
 
@@ -305,6 +307,25 @@ class _Completer(threading.Thread):
             item.finish()
 
 
+class _GlooOps(Protocol):
+    """The backend calls of ``ProcessGroupGloo`` used here (torch's stub of it lists none of them)."""
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work: ...
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work: ...
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> dist.Work: ...
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work: ...
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> dist.Work: ...
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work: ...
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work: ...
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work: ...
+    def barrier(self, opts: Any) -> dist.Work: ...
+    def alltoall_base(
+        self, output: torch.Tensor, input: torch.Tensor, out_splits: list[int], in_splits: list[int], opts: Any
+    ) -> dist.Work: ...
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> dist.Work: ...
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> dist.Work: ...
+
+
 class DelayedGroup(dist.ProcessGroup):
     """A process group whose collectives run on gloo and complete as the emulated links say.
 
@@ -313,19 +334,20 @@ class DelayedGroup(dist.ProcessGroup):
     """
 
     def __init__(self, opts: Any) -> None:
-        super().__init__(opts.group_rank, opts.group_size)
+        super().__init__(opts.group_rank, opts.group_size)  # type: ignore[call-arg]  # (rank, size) is not in torch's stub
         from torch._C._distributed_c10d import ProcessGroupGloo
 
-        self.inner = ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+        gloo = ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+        self.inner = cast(_GlooOps, gloo)
         # Ops not overridden below reach the inner gloo backend through the C++ ProcessGroup.
-        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, self.inner)
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, gloo)
         ranks = list(opts.global_ranks_in_group) or list(range(dist.get_world_size()))
         self.ranks = tuple(int(r) for r in ranks)
         with _config.lock:
             self.ordinal = next(_config.ordinals.setdefault(self.ranks, itertools.count()))
         self.timeout_s = opts.timeout.total_seconds()
         self._seq = itertools.count()
-        self._p2p_seq: dict[tuple[str, int], itertools.count] = {}
+        self._p2p_seq: dict[tuple[str, int], itertools.count[int]] = {}
         self._completer = _Completer(f"{'-'.join(map(str, self.ranks))}.{self.ordinal}")
         self._completer.start()
 
@@ -360,7 +382,7 @@ class DelayedGroup(dist.ProcessGroup):
         return _DelayedWork(item, self.timeout_s + steps * delay / 1e3 + 5.0)
 
     # -------------------------------------------------------------- collectives
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:  # type: ignore[override]  # torch's stub has only the Python API's form
         opts = opts if opts is not None else dist.AllreduceOptions()
         return self._issue("allreduce", lambda: self.inner.allreduce(tensors, opts), tensors)
 
@@ -368,12 +390,12 @@ class DelayedGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
         return self._issue("allreduce", lambda: self.inner.allreduce_coalesced(tensors, opts), tensors)
 
-    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        opts = opts if opts is not None else dist.AllgatherOptions()
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:  # type: ignore[override]  # torch's stub has only the Python API's form
+        opts = opts if opts is not None else dist.AllgatherOptions()  # type: ignore[attr-defined]  # not in torch's stub
         return self._issue("allgather", lambda: self.inner.allgather(outputs, inputs, opts), outputs)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else dist.AllgatherOptions()  # type: ignore[attr-defined]  # not in torch's stub
         return self._issue("allgather", lambda: self.inner._allgather_base(output, input, opts), [output])
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
@@ -382,11 +404,11 @@ class DelayedGroup(dist.ProcessGroup):
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> dist.Work:
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else dist.AllgatherOptions()  # type: ignore[attr-defined]  # not in torch's stub
         run = lambda: [self.inner._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]  # noqa: E731
         return self._issue("allgather", run, outputs)
 
-    def reduce_scatter(
+    def reduce_scatter(  # type: ignore[override]  # torch's stub has only the Python API's form
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
     ) -> dist.Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -406,11 +428,11 @@ class DelayedGroup(dist.ProcessGroup):
         run = lambda: [self.inner._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]  # noqa: E731
         return self._issue("reduce_scatter", run, outputs)
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:  # type: ignore[override]  # torch's stub has only the Python API's form
         opts = opts if opts is not None else dist.BroadcastOptions()
         return self._issue("broadcast", lambda: self.inner.broadcast(tensors, opts), tensors)
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:  # type: ignore[override]  # torch's stub has only the Python API's form
         opts = opts if opts is not None else dist.ReduceOptions()
         return self._issue("reduce", lambda: self.inner.reduce(tensors, opts), tensors)
 

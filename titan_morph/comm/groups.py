@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 __all__ = ["cpu_group"]
 
+# Module-level: making a group is collective, so every caller on this rank must share the one made.
 _cpu_groups: dict[str, dist.ProcessGroup] = {}
 
 

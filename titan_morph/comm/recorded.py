@@ -34,7 +34,9 @@ class _Handle:
     __slots__ = ("owner", "ops", "record", "works")
     due_s = None
 
-    def __init__(self, owner: RecordedTransport, ops: list[dist.P2POp], record: MessageRecord, works: list) -> None:
+    def __init__(
+        self, owner: RecordedTransport, ops: list[dist.P2POp], record: MessageRecord, works: list[Handle]
+    ) -> None:
         self.owner, self.ops, self.record, self.works = owner, ops, record, works
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -53,7 +55,7 @@ class _Handle:
         return self.record.completed is not None
 
 
-class RecordedTransport(DefaultPathOnly, MessageBook):
+class RecordedTransport(DefaultPathOnly, MessageBook, Transport):
     """Records every pipeline message of ``inner`` (normally :class:`TorchTransport`); see module docstring.
 
     Args:
@@ -101,7 +103,7 @@ class RecordedTransport(DefaultPathOnly, MessageBook):
         if not mine:
             return handles
         messages = group_by_link(mine, self.stage, self.num_stages)
-        recs = {}
+        recs: dict[tuple[int, str, bool], MessageRecord] = {}
         with self._lock:
             for (link, d, send), mops in messages.items():
                 seq = self._next(self._send_seq if send else self._recv_seq, link, d)

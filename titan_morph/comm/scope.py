@@ -13,17 +13,19 @@ send order (which gloo matches by tag and order) is preserved as long as the tra
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import torch.distributed as dist
 from torch.distributed.pipelining import schedules as _schedules
 
 from titan_morph.comm.transport import P2P, Handle
 
+# Module-level: torch's _batch_p2p is one attribute of the process, so what swapped it is too.
 _lock = threading.Lock()
 _active: P2P | None = None
 _depth = 0
-_saved = None
+_saved: Callable[..., list[dist.Work]] | None = None
 
 
 def active_transport() -> P2P | None:
@@ -31,13 +33,14 @@ def active_transport() -> P2P | None:
     return _active
 
 
-def _routed_batch_p2p(p2p_ops: list, desc: str | None = None) -> list[Handle]:
+def _routed_batch_p2p(p2p_ops: list[dist.P2POp], desc: str | None = None) -> list[Handle]:
     transport = _active
     if transport is None:  # only reachable if someone captured this function and calls it later
         raise RuntimeError("titan_morph routed _batch_p2p called outside use_transport()")
     return transport.batch_p2p(list(p2p_ops), desc=desc)
 
 
+# a mark on our own function: transport.py refuses to capture it as torch's at import
 _routed_batch_p2p.__titan_morph_transport__ = True  # type: ignore[attr-defined]
 
 
@@ -59,7 +62,8 @@ def use_transport(transport: P2P) -> Iterator[P2P]:
             )
         if _depth == 0:
             _saved = _schedules._batch_p2p
-            _schedules._batch_p2p = _routed_batch_p2p
+            # The swap: torch's schedules look _batch_p2p up at call time and only wait() what it returns.
+            _schedules._batch_p2p = _routed_batch_p2p  # type: ignore[assignment]  # Handles, not Works
             _active = transport
         _depth += 1
     try:
@@ -67,7 +71,7 @@ def use_transport(transport: P2P) -> Iterator[P2P]:
     finally:
         with _lock:
             _depth -= 1
-            if _depth == 0:
+            if _depth == 0 and _saved is not None:
                 _schedules._batch_p2p = _saved
                 _active = None
                 _saved = None

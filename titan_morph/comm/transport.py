@@ -42,9 +42,14 @@ class Handle(Protocol):
     a device clock then takes the moment the wait returned).
     """
 
-    record: MessageRecord | None
-    ops: Sequence[dist.P2POp]
-    due_s: float | None
+    @property
+    def record(self) -> MessageRecord | None: ...
+
+    @property
+    def ops(self) -> Sequence[dist.P2POp]: ...
+
+    @property
+    def due_s(self) -> float | None: ...
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until done (at most ``timeout`` s; None = the transport's own bound)."""
@@ -82,8 +87,10 @@ class Transport(P2P, Protocol):
     """The injected link model (None: the real network, no emulation)."""
     depth: int | None
     """Messages in flight per (link, direction) before a send blocks the caller (None: never)."""
-    failovers: int
-    """(link, direction) pairs moved to the delegated path because the default path failed."""
+    @property
+    def failovers(self) -> int:
+        """(link, direction) pairs moved to the delegated path because the default path failed."""
+        ...
 
     def now_ms(self) -> float:
         """ms since ``epoch``."""
@@ -175,7 +182,7 @@ class DefaultPathOnly:
         pass
 
 
-class TorchTransport(DefaultPathOnly):
+class TorchTransport(DefaultPathOnly, Transport):
     """torch.distributed as the transport: the same calls torch's ``_batch_p2p`` makes
     (homogeneous batches as individual isend/irecv, mixed ones via ``batch_isend_irecv``).
     It keeps no records and never delegates."""
