@@ -83,16 +83,24 @@ def test_missing_ortools_names_the_package(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_closed_form_lower_bound_is_valid_and_used() -> None:
+    """The bound is checked against optima solved WITHOUT it as a constraint (with it, any bound
+    would pass); solved with it, the optimum is the same (the constraint cuts off no schedule)."""
     from titan_morph.pipelining.exact import lower_bound_ms
 
     for model in instance_set(5150, 6, s_range=(2, 3), n_mult=(1, 2), memory="tight"):
-        res = optimal_makespan(model, time_limit_s=20)
-        assert res.optimal
-        assert lower_bound_ms(model) <= res.makespan + 1e-9
-    # Memory waves: M = 1 on the last stage serialises F, I there: N (F + I) plus the way in/out.
+        free = optimal_makespan(model, time_limit_s=20, use_bound=False)
+        assert free.optimal
+        assert lower_bound_ms(model) <= free.makespan + 1e-9
+        assert optimal_makespan(model, time_limit_s=20).makespan == pytest.approx(free.makespan)
+    # Memory waves: M = 1 on the last stage serialises F, I there: N (F + I) plus the way in/out,
+    # which is the optimum.
     wave = CostModel.uniform(2, 3, 1.0, 2.0, 0.5, delays=4.0, memory=(3, 1))
-    assert lower_bound_ms(wave) >= 3 * (1.0 + 2.0) + (1.0 + 4.0) + (4.0 + 2.0 + 0.5)
-    assert optimal_makespan(wave, time_limit_s=10).makespan >= lower_bound_ms(wave) - 1e-9
+    waves = 3 * (1.0 + 2.0) + (1.0 + 4.0) + (4.0 + 2.0 + 0.5)
+    assert lower_bound_ms(wave) >= waves
+    free = optimal_makespan(wave, time_limit_s=10, use_bound=False)
+    assert free.optimal
+    assert free.makespan == pytest.approx(waves)
+    assert lower_bound_ms(wave) <= free.makespan + 1e-9
 
 
 def test_out_of_time_falls_back_to_the_hint_never_claiming_optimality() -> None:

@@ -144,7 +144,8 @@ def lower_bound_ms(model: CostModel) -> float:
     (b) memory waves: when the (j+k)-th F starts, at least j I's have ended, one of a microbatch
         whose F was j-th or later, so σ_{j+k} >= σ_j + t^F_s + RT_s + t^B_s; hence
         head_s + (⌊(N−1)/k⌋ + 1)(t^F_s + RT_s + t^B_s) + chain_s.
-    The exact model adds these as constraints (they help CP-SAT's proof on memory-tight cases).
+    The exact model adds these as constraints (they help CP-SAT's proof on memory-tight cases)
+    unless ``optimal_makespan(..., use_bound=False)``, which the tests use to check them.
     With several stages per rank the bound is weaker: per rank, the earliest start of its first
     stage plus all of its work, and one microbatch's round trip through every stage and link.
     """
@@ -251,6 +252,7 @@ def optimal_makespan(
     use_default_hint: bool = True,
     fifo: bool | None = None,
     seed: int = 0,
+    use_bound: bool = True,
 ) -> ExactResult:
     """Minimum makespan of one iteration (split backward, static delays, non-blocking links).
 
@@ -261,6 +263,9 @@ def optimal_makespan(
     whose bound certifies optimality. Returns the best orders found and the full model's bound
     (``optimal`` is True when they meet). Reproducible for a given ``workers``/``seed`` only when
     no time limit is hit.
+    ``use_bound``: add the closed-form bounds (:func:`lower_bound_ms`) as constraints, which speeds up
+    CP-SAT's proof; ``False`` solves without them, so that the bounds can be checked against the
+    optimum (a bound that were too large would otherwise cut off the optimum and go unnoticed).
     """
     _import_cp_model()
     if time_limit_s <= 0:
@@ -274,11 +279,11 @@ def optimal_makespan(
         hint = _default_hint(model)
     hint_orders = split_fused(hint) if hint is not None else None
     if fifo is not None:
-        res = _solve(model, time_limit_s, workers, hint_orders, fifo, seed)
+        res = _solve(model, time_limit_s, workers, hint_orders, fifo, seed, use_bound)
         return _replace_wall(res, t_start)
-    first = _solve(model, time_limit_s / 3.0, workers, hint_orders, True, seed)
+    first = _solve(model, time_limit_s / 3.0, workers, hint_orders, True, seed, use_bound)
     rest = max(0.1, time_limit_s - (time.perf_counter() - t_start))
-    full = _solve(model, rest, workers, first.orders, False, seed)
+    full = _solve(model, rest, workers, first.orders, False, seed, use_bound)
     best = full if full.makespan <= first.makespan else first
     bound = min(full.lower_bound, best.makespan)
     return ExactResult(
@@ -313,6 +318,7 @@ def _solve(
     hint_orders: tuple[Order, ...] | None,
     fifo: bool,
     seed: int,
+    use_bound: bool = True,
 ) -> ExactResult:
     """One CP-SAT solve of the model described in the module docstring."""
     cp_model = _import_cp_model()
@@ -368,14 +374,14 @@ def _solve(
                     size = m.new_int_var(dur[(s, "F")] + dur[(s, "I")], horizon, f"live{b}@{s}")
                     live.append(m.new_interval_var(start[(s, "F", b)], size, end[(s, "I", b)], f"mem{b}@{s}"))
             m.add_cumulative(live, [1] * len(live), cap)
-    # Closed-form bounds (lower_bound_ms), on the integer durations.
-    per_stage = [[dur[(s, k)] for s in range(S)] for k in kinds]
-    if model.stages_per_rank > 1:
-        bounds = _rank_bounds(model, *per_stage, delay)
-    else:
-        bounds = _stage_bounds(S, N, *per_stage, delay, [model.budget(s) for s in range(S)])
-    for b_s in bounds:
-        m.add(mk >= math.ceil(b_s))
+    if use_bound:  # closed-form bounds (lower_bound_ms), on the integer durations
+        per_stage = [[dur[(s, k)] for s in range(S)] for k in kinds]
+        if model.stages_per_rank > 1:
+            bounds = _rank_bounds(model, *per_stage, delay)
+        else:
+            bounds = _stage_bounds(S, N, *per_stage, delay, [model.budget(s) for s in range(S)])
+        for b_s in bounds:
+            m.add(mk >= math.ceil(b_s))
     # Symmetry breaking (see module docstring).
     for b in range(N - 1):
         m.add(start[(0, "F", b + 1)] >= end[(0, "F", b)])
@@ -415,11 +421,13 @@ def _solve(
         if hint_orders is None:
             raise RuntimeError(f"exact: CP-SAT found no schedule within {time_limit_s} s (status {status_name})")
         # Out of time before any solution (a loaded machine): the warm start is still a feasible
-        # schedule; report it as such, with the closed-form bound, never as optimal.
+        # schedule; report it as such, with the closed-form bound (0 when the bounds are not to be
+        # trusted), never as optimal.
         hint_end = max(end for _start, end in hint_times.values()) if hint_times else math.inf
+        closed = lower_bound_ms(model) if use_bound else 0.0
         return ExactResult(
             makespan=hint_end,
-            lower_bound=min(lower_bound_ms(model), hint_end),
+            lower_bound=min(closed, hint_end),
             optimal=False,
             orders=hint_orders,
             scale=scale,
