@@ -152,7 +152,8 @@ def error_line(log: str) -> str:
     config = _CONFIG_ERR_RE.search(log)
     if config:
         return f"configuration error: {config.group(1).strip()}"
-    primary, secondary = [], []
+    primary: list[str] = []
+    secondary: list[str] = []
     for line in log.splitlines():
         match = _ERR_RE.match(line)
         if not match:

@@ -14,6 +14,7 @@ with a link going down), Fig. 19 / §7.3 (a slow pair of ranks inside a DP group
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -188,6 +189,11 @@ def _fig18(num_links: int) -> tuple[Case, ...]:
     return tuple(_fig18_case(t, t) for t in FIG18_TRACES)
 
 
+def _fig18_single(trace: str, _links: int) -> tuple[Case, ...]:
+    """One Fig. 18 trace as its own scenario."""
+    return (_fig18_case(trace),)
+
+
 def _table3(num_links: int) -> tuple[Case, ...]:
     overrides = ("--morph.inject.mode", "trace", "--morph.inject.trace_file", "table3", *_window())
     down = min(num_links - 1, 2 * num_links // 7)  # links.table3_trace's mapping of the paper's 8 stages
@@ -242,7 +248,7 @@ SCENARIOS: dict[str, Scenario] = {
             Scenario(
                 f"fig18-{t}",
                 f"Fig. 18 trace {t}: random N(30,10) ms on every link, re-drawn every U({lo},{hi}) ms",
-                (lambda _n, t=t: (_fig18_case(t),)),
+                functools.partial(_fig18_single, t),
             )
             for t, (lo, hi) in FIG18_TRACES.items()
         ),

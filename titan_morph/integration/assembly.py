@@ -58,9 +58,12 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-_link_groups = itertools.count()  # per-link group namespaces: the same on every rank (same construction order)
+# Per-link group namespaces: module-wide so that every rank numbers them in the same construction order.
+_link_groups = itertools.count()
 
-_opened: list[Transport] = []  # this process's transports, closed at the end of training
+# This process's transports: TorchTitan's trainer closes the schedule, not what it built, so they are kept
+# here and closed by the trainer's close() while the process groups still exist.
+_opened: list[Transport] = []
 
 # TOML name -> builders.build name
 FAMILIES = {"PipeMorph": "pipemorph", "ZBH1": "zb-h1", "ZBH2": "zb-h2", "Morph1F1B": "1f1b-iw"}
@@ -159,6 +162,14 @@ def initial_plan(
     return build(family, model, search=True, depth=morph.depth, iterations=iterations)
 
 
+def _group_of(stage: PipelineStage) -> dist.ProcessGroup:
+    """The stage's pipeline group (the world's when it has none)."""
+    group = stage.group or dist.group.WORLD
+    if group is None:
+        raise RuntimeError("torch.distributed is not initialised: a pipeline stage needs a process group")
+    return group
+
+
 def make_transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = False) -> Transport | None:
     """:func:`_transport` for this rank, remembered so that :func:`close_transports` closes it."""
     transport = _transport(req, clock, monitored=monitored)
@@ -196,16 +207,18 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
     # Transports name traffic by the link between adjacent ranks (a V's two legs share them);
     # with rank_links the delays follow the hosts of this pipeline's ranks.
     ranks = stage.group_size
-    hosts = pipeline_hosts(stage.group) if morph.inject.rank_links else None
+    hosts = pipeline_hosts(_group_of(stage)) if morph.inject.rank_links else None
     links = link_model(morph.inject, ranks - 1, steps=settings.job.steps, hosts=hosts)
     timeouts = settings.timeouts
     device = stage.device
-    where = {"stage": stage.group_rank, "num_stages": ranks, "group": stage.group}
+    rank, group = stage.group_rank, stage.group
     if morph.transport == "delegate":  # all PP traffic via delegates; they apply the injected delays
         from titan_morph.comm.delegate import DelegateTransport
 
         return DelegateTransport(
-            **where,
+            stage=rank,
+            num_stages=ranks,
+            group=group,
             links=links,
             delegates_per_link=morph.delegates_per_link,
             epoch=clock.epoch,
@@ -218,7 +231,7 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
         from titan_morph.comm.pairs import BreakPlan, LinkGroups, LinkTransport
 
         window = break_window(morph.inject, ranks - 1)
-        group_name = (stage.group or dist.group.WORLD).group_name
+        group_name = _group_of(stage).group_name
         pairs = LinkGroups(
             stage=stage.group_rank,
             num_stages=ranks,
@@ -233,12 +246,19 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
         from titan_morph.comm.emulator import EmulatedTransport
 
         primary = EmulatedTransport(
-            primary, links, **where, depth=morph.link_queue_depth, epoch=clock.epoch, timeouts=timeouts
+            primary,
+            links,
+            stage=rank,
+            num_stages=ranks,
+            group=group,
+            depth=morph.link_queue_depth,
+            epoch=clock.epoch,
+            timeouts=timeouts,
         )
     elif monitored:  # the real network: message stamps for the monitor
         from titan_morph.comm.recorded import RecordedTransport
 
-        primary = RecordedTransport(primary, **where, epoch=clock.epoch)
+        primary = RecordedTransport(primary, stage=rank, num_stages=ranks, group=group, epoch=clock.epoch)
     elif morph.transport == "default":
         return None
     if morph.transport == "default":
@@ -247,7 +267,9 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
     from titan_morph.comm.failover import FailoverTransport
 
     delegate = DelegateTransport(
-        **where,
+        stage=rank,
+        num_stages=ranks,
+        group=group,
         links=links,
         delegates_per_link=morph.delegates_per_link,
         epoch=clock.epoch,
@@ -256,7 +278,14 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
         device=device,
     )
     return FailoverTransport(
-        primary, delegate, **where, pairs=pairs, timeouts=timeouts, recover_probes=morph.recover_consecutive
+        primary,
+        delegate,
+        stage=rank,
+        num_stages=ranks,
+        group=group,
+        pairs=pairs,
+        timeouts=timeouts,
+        recover_probes=morph.recover_consecutive,
     )
 
 
@@ -274,11 +303,15 @@ def prepare_stage(req: ScheduleRequest) -> DeviceClock | None:
     return clock
 
 
-def adapt_policy(family: str, morph: MorphSettings, stages: int, memory_default: int | None = None) -> AdaptPolicy:
+def adapt_policy(
+    family: str, morph: MorphSettings, stages: int, memory_default: int | tuple[int, ...] | None = None
+) -> AdaptPolicy:
     """What the monitor's decisions may change: it re-plans only PipeMorph with ``adapt``. Adapted
     plans are searched for the delegated (non-blocking) path and, per §4.2, without the memory cap
     (or under ``adapt_memory_budget``) when slow links are delegated (``auto``/``delegate``); with
     the default transport they keep ``memory_budget`` and its blocking link queue."""
+    memory: int | tuple[int, ...] | None
+    depth: int | None
     if morph.transport in ("auto", "delegate"):
         memory, depth = morph.adapt_memory_budget or None, None
     else:
@@ -338,7 +371,7 @@ def make_monitor(family: str, morph: MorphSettings, plan: Plan, stages: int, n_m
     )
 
 
-def torch_builder(cls: type) -> Callable[[ScheduleRequest], _PipelineSchedule]:
+def torch_builder(cls: type[_PipelineSchedule]) -> Callable[[ScheduleRequest], _PipelineSchedule]:
     """A builder of torch's schedule ``cls`` on this rank's stage (or stages, for torch's
     multi-stage schedules), its P2P routed through the configured transport when one is needed (so
     it sees the same injected delays)."""
@@ -351,7 +384,8 @@ def torch_builder(cls: type) -> Callable[[ScheduleRequest], _PipelineSchedule]:
         prepare_stage(req)
         multi = issubclass(cls, PipelineScheduleMulti)
         # scale_grads=False as TorchTitan does: the loss is token-summed and the trainer rescales.
-        schedule = cls(
+        make: Callable[..., _PipelineSchedule] = cls  # the subclasses take the stage(s) first
+        schedule = make(
             req.local_stages if multi else req.stage,
             n_microbatches=req.n_microbatches,
             loss_fn=req.loss_fn,
@@ -383,6 +417,7 @@ def torch_builder(cls: type) -> Callable[[ScheduleRequest], _PipelineSchedule]:
             with use_transport(transport):
                 return inner(*args, **kwargs)
 
+        # torch's schedules have no hook around one step's P2P: the step is wrapped to route it.
         schedule._step_microbatches = step_microbatches  # type: ignore[method-assign]
         return schedule
 
@@ -421,7 +456,7 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
                 cost = pipeline_cost(family, morph, plan)
                 exchange = make_exchange(
                     req.settings,
-                    req.stage.group,
+                    _group_of(req.stage),
                     req.n_microbatches,
                     clock.epoch,
                     req.parallel_dims,
@@ -429,7 +464,7 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
                     plan.model.stages_per_rank,
                 )
             if monitor is not None and hybrid:  # slow pairs the orchestrator moved onto this pipeline
-                known = known_link_delays(req.stage.group)
+                known = known_link_delays(_group_of(req.stage))
                 why = "known before the first step (the orchestrator moved a slow pair onto it)"
                 change = monitor.assume_slow(known, why)
                 if change is not None:

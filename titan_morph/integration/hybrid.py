@@ -1,7 +1,7 @@
 """DP x PP in TorchTitan: the DP groups on the emulating backend, the world-wide exchange, and the
 orchestrator's moves applied through a checkpoint and a relaunch with a new rank order.
 
-Hosts. One rank runs per host. ``./run_train.sh``'s launcher (:func:`titan_morph.launch.supervise`)
+Hosts. One rank runs per host. ``./run_train.sh``'s launcher (:func:`titan_morph.integration.supervisor.supervise`)
 starts the ranks in the identity order and, after a move, restarts them with the host of every rank
 in ``$TITAN_MORPH_HOSTS``; a process keeps its host for its lifetime, as a real one would. Here all
 ranks share one machine, so the host of a rank matters only to the emulated links: ``[morph.inject]
@@ -106,11 +106,13 @@ def _dp_dims_on(backend: str) -> Iterator[None]:
             backend_override = backend
         return flatten(mesh, mesh_dim_name, backend_override=backend_override)
 
-    DeviceMesh._unflatten, DeviceMesh._flatten = _unflatten, _flatten  # type: ignore[method-assign]
+    # TorchTitan's build_mesh offers no backend choice per dimension: torch's mesh methods are swapped
+    # for the duration of that one call, and restored whatever happens.
+    DeviceMesh._unflatten, DeviceMesh._flatten = _unflatten, _flatten  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
-        DeviceMesh._unflatten, DeviceMesh._flatten = unflatten, flatten  # type: ignore[method-assign]
+        DeviceMesh._unflatten, DeviceMesh._flatten = unflatten, flatten  # type: ignore[method-assign,assignment]
 
 
 class HybridParallelDims(ParallelDims):

@@ -53,9 +53,9 @@ TRAIN_SPEC_NAME = "llama3_morph"
 def load_toml(path: str | Path) -> dict[str, Any]:
     """The parsed TOML file; a missing file or a syntax error is one line naming the file and, for
     syntax errors, the line and column."""
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ModuleNotFoundError:  # Python 3.10
+    else:
         import tomli as tomllib
     try:
         with open(path, "rb") as fh:

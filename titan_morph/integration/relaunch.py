@@ -1,5 +1,5 @@
 """The protocol between the ranks and ``./run_train.sh``'s supervisor for a relaunch with a new
-rank order (the DP x PP orchestrator's moves; :func:`titan_morph.launch.supervise` runs it).
+rank order (the DP x PP orchestrator's moves; :func:`titan_morph.integration.supervisor.supervise` runs it).
 
 The supervisor sets ``$TITAN_MORPH_RELAUNCH_FILE`` for the ranks. After a move the ranks
 checkpoint, rank 0 writes the new host of every rank into that file (:func:`request_relaunch`) and
