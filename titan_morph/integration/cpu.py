@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-_applied = False
+_applied = False  # process-wide: the adaptation patches torch itself, once per process
 
 
 def cuda_absent() -> bool:
@@ -53,9 +53,10 @@ def adapt_torchtitan_to_cpu() -> bool:
     def _device_type() -> str | None:
         return original() or "cpu"
 
+    # TorchTitan reads this probe at import time and has no option for it: the one patch of torch here.
     tu._get_available_device_type = _device_type
 
-    cpu: Any = torch.cpu
+    cpu: Any = torch.cpu  # the device-module calls TorchTitan makes, which torch.cpu lacks
     props = SimpleNamespace(name="CPU", total_memory=_total_memory())
     cpu.get_device_name = lambda device=None: "CPU"
     cpu.get_device_properties = lambda device=None: props

@@ -49,6 +49,7 @@ PLACEMENTS = ("single", "loop", "v")
 """How a schedule places stages on ranks: one per rank; several, looped (TorchTitan's "loop" style:
 stage s on rank s mod R); or two in a V (its "v" style)."""
 
+# The registry TorchTitan's schedule names resolve through; module-wide so that a custom_import may add to it.
 _SCHEDULES: dict[str, tuple[str, ScheduleBuilder, str]] = {}
 
 
