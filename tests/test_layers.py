@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "titan_morph"
-LAYERS = ("pipelining", "comm", "monitor", "runtime", "config", "integration", "compare")
+LAYERS = ("pipelining", "comm", "monitor", "runtime", "config", "integration", "compare", "netlab")
 ENTRY_POINTS = {"train": "integration", "launch": "integration"}
 PURE = ("pipelining", "monitor")  # no torch
 

@@ -1,0 +1,165 @@
+"""``python -m titan_morph.netlab COMMAND``: a small cluster of network namespaces on this machine.
+
+  up --nodes K                          K nodes (2..8), each with NICs data and host
+  down                                  remove the lab (namespaces, links, bridges, processes)
+  status                                nodes, addresses, limits and broken paths
+  shape --from A --to B --nic NIC --rate-mbit R [--burst-kb B]   limit A -> B (0 removes it)
+  unshape --from A --to B --nic NIC
+  break --nodes A,B --nic NIC           break the path A <-> B on NIC
+  heal [--nodes A,B] [--nic NIC]        heal it (every broken path without options)
+  schedule FILE                         apply a schedule (CSV time_s,from,to,nic,rate_mbit) now
+  measure --from A --to B --nic NIC [--mbytes M]   time a TCP transfer A -> B
+  run --nodes K --ranks-per-node R [--shape A-B:NIC:RATE]... [--schedule FILE] -- TRAIN ARGS
+                                        ./run_train.sh across the nodes (CONFIG_FILE as there)
+
+Every command takes --prefix P (default tmlab), the name every lab object starts with. Errors are
+one line ``error: ...`` and exit code 2; ``run`` exits with the job's code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from titan_morph.netlab.lab import DEFAULT_PREFIX, MAX_NODES, NICS, Lab, LabError, can_make_namespaces, down
+from titan_morph.netlab.schedule import Controller, node_index, read_schedule
+from titan_morph.netlab.shape import break_path, breaks, heal, shape, shapes, unshape
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m titan_morph.netlab", description="Network namespaces as nodes.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help_text)
+        c.add_argument("--prefix", default=DEFAULT_PREFIX, help="name prefix of every lab object")
+        return c
+
+    def path_options(c: argparse.ArgumentParser) -> None:
+        c.add_argument("--from", dest="src", required=True, help="sending node (0 or n0)")
+        c.add_argument("--to", dest="dst", required=True, help="receiving node")
+        c.add_argument("--nic", choices=NICS, required=True)
+
+    command("up", "make the lab").add_argument("--nodes", type=int, required=True)
+    command("down", "remove the lab")
+    command("status", "show the lab")
+    c = command("shape", "limit traffic from one node to another")
+    path_options(c)
+    c.add_argument("--rate-mbit", type=float, required=True, help="Mbit/s; 0 removes the limit")
+    c.add_argument("--burst-kb", type=float, default=0.0, help="bucket size (default: tc's)")
+    path_options(command("unshape", "remove a limit"))
+    c = command("break", "break the path between two nodes")
+    c.add_argument("--nodes", required=True, help="A,B")
+    c.add_argument("--nic", choices=NICS, required=True)
+    c = command("heal", "heal broken paths")
+    c.add_argument("--nodes", help="A,B (default: every broken path)")
+    c.add_argument("--nic", choices=NICS)
+    command("schedule", "apply a schedule now").add_argument("file")
+    c = command("measure", "time a TCP transfer")
+    path_options(c)
+    c.add_argument("--mbytes", type=float, default=4.0)
+    c.add_argument("--timeout-s", type=float, default=30.0)
+    c = command("run", "train across the nodes")
+    c.add_argument("--nodes", type=int, required=True)
+    c.add_argument("--ranks-per-node", type=int, required=True)
+    c.add_argument("--shape", action="append", default=[], help="A-B:NIC:RATE, limit from the start")
+    c.add_argument("--schedule", help="CSV time_s,from,to,nic,rate_mbit (times from the job's start)")
+    c.add_argument("--timeout-s", type=float, default=6 * 3600.0, help="stop the job after this long")
+    c.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then ./run_train.sh arguments")
+    return p
+
+
+def _pair(text: str) -> tuple[int, int]:
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise LabError(f"--nodes {text!r}: two nodes, A,B")
+    return node_index(parts[0]), node_index(parts[1])
+
+
+def _status(lab: Lab) -> None:
+    print(f"lab {lab.prefix}: {lab.nodes} nodes (switch namespace {lab.switch})")
+    for i in range(lab.nodes):
+        addrs = "  ".join(f"{nic} {lab.address(i, nic)}/24" for nic in NICS)
+        print(f"  node {i}  {lab.node(i)}  {addrs}")
+    limits = shapes(lab)
+    print("limits:" + ("" if limits else " none"))
+    for s in limits:
+        print(f"  {s.src} -> {s.dst} on {s.nic}: {s.rate}")
+    broken = {(min(b.a, b.b), max(b.a, b.b), b.nic): b for b in breaks(lab)}
+    print("broken paths:" + ("" if broken else " none"))
+    for a, b, nic in sorted(broken):
+        print(f"  {a} <-> {b} on {nic}")
+
+
+def _main(args: argparse.Namespace) -> int:
+    if args.command in ("up", "run"):
+        why = can_make_namespaces()
+        if why:
+            raise LabError(why)
+    if args.command == "up":
+        if not 2 <= args.nodes <= MAX_NODES:
+            raise LabError(f"--nodes {args.nodes}: 2..{MAX_NODES}")
+        lab = Lab(args.nodes, args.prefix)
+        lab.up()
+        _status(lab)
+        return 0
+    if args.command == "down":
+        removed = down(args.prefix)
+        print(f"removed {', '.join(removed)}" if removed else f"no lab {args.prefix!r} was up")
+        return 0
+    if args.command == "run":
+        from titan_morph.netlab.run import RunOptions, parse_shape_spec, run
+
+        train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+        opts = RunOptions(
+            nodes=args.nodes,
+            ranks_per_node=args.ranks_per_node,
+            train_args=train_args,
+            shapes=[parse_shape_spec(s) for s in args.shape],
+            schedule=read_schedule(args.schedule) if args.schedule else [],
+            prefix=args.prefix,
+            timeout_s=args.timeout_s,
+        )
+        return run(opts)
+    lab = Lab.existing(args.prefix)
+    if args.command == "status":
+        _status(lab)
+    elif args.command == "shape":
+        shape(lab, node_index(args.src), node_index(args.dst), args.nic, args.rate_mbit, args.burst_kb)
+    elif args.command == "unshape":
+        unshape(lab, node_index(args.src), node_index(args.dst), args.nic)
+    elif args.command == "break":
+        break_path(lab, *_pair(args.nodes), args.nic)
+    elif args.command == "heal":
+        a, b = _pair(args.nodes) if args.nodes else (None, None)
+        heal(lab, a, b, args.nic)
+    elif args.command == "schedule":
+        controller = Controller(lab, read_schedule(args.file), log=sys.stdout).start()
+        try:
+            while not controller.wait(0.5):
+                pass
+        finally:
+            controller.stop()
+    elif args.command == "measure":
+        from titan_morph.netlab.transfer import measure
+
+        nbytes = int(args.mbytes * 2**20)
+        seconds = measure(lab, node_index(args.src), node_index(args.dst), args.nic, nbytes, args.timeout_s)
+        rate = nbytes * 8 / seconds / 1e6
+        print(f"{nbytes} bytes {args.src} -> {args.dst} on {args.nic}: {seconds:.3f} s, {rate:.1f} Mbit/s")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _main(args)
+    except LabError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
