@@ -1,0 +1,97 @@
+"""``netlab run``: training across namespaces gives the losses of one node and leaves nothing."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.netlab.conftest import PREFIX
+from titan_morph.comm.system import shm_segments
+from titan_morph.netlab.lab import lab_namespaces
+
+pytestmark = pytest.mark.netlab
+
+REPO = Path(__file__).resolve().parents[2]
+# ./run_train.sh --training.steps 3 on one node (train_configs/debug_cpu.toml)
+ONE_NODE_LOSSES = [7.92412, 7.74408, 7.23808]
+LOSS_RE = re.compile(r"step:\s*(\d+)\s+loss:\s*([0-9.]+)")
+
+
+def _netlab_run(dump: Path, *args: str) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "titan_morph.netlab", "run", "--prefix", PREFIX, *args]
+    env = {k: v for k, v in os.environ.items() if k not in ("CONFIG_FILE", "TITAN_MORPH_RUN_ID")}
+    return subprocess.Popen(
+        [*cmd, "--job.dump_folder", str(dump)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+    )
+
+
+def _nothing_left(dump: Path, segments_before: set[str], no_leftovers: Callable[[Path], None]) -> None:
+    assert lab_namespaces(PREFIX) == []
+    no_leftovers(dump)
+    assert not (shm_segments() - segments_before)
+
+
+def test_two_nodes_of_two_ranks_train_with_the_losses_of_one_node(
+    namespaces_ok: None, tmp_path: Path, no_leftovers: Callable[[Path], None]
+):
+    dump, before = tmp_path / "run", shm_segments()
+    proc = _netlab_run(dump, "--nodes", "2", "--ranks-per-node", "2", "--", "--training.steps", "3")
+    try:
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out[-3000:]
+    losses = {int(step): float(loss) for step, loss in LOSS_RE.findall(out)}
+    assert [losses.get(step) for step in (1, 2, 3)] == ONE_NODE_LOSSES, out[-3000:]
+    assert {p.name for p in (dump / "netlab").iterdir()} >= {"node0.log", "node1.log", "node0", "node1"}
+    assert LOSS_RE.search((dump / "netlab" / "node1.log").read_text())  # the shown node's log keeps the loss
+    _nothing_left(dump, before, no_leftovers)
+
+
+def test_a_bad_configuration_is_one_line_before_any_namespace(namespaces_ok: None, tmp_path: Path):
+    proc = _netlab_run(tmp_path / "run", "--nodes", "2", "--ranks-per-node", "1", "--", "--training.steps", "2")
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 2, out
+    assert out.startswith("error: NGPU: 2 ranks") and len(out.splitlines()) == 1, out
+    assert lab_namespaces(PREFIX) == [] and not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_node_and_leaves_nothing(
+    namespaces_ok: None, tmp_path: Path, no_leftovers: Callable[[Path], None]
+):
+    dump, before = tmp_path / "run", shm_segments()
+    proc = _netlab_run(dump, "--nodes", "2", "--ranks-per-node", "2", "--", "--training.steps", "200")
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # until the first step's loss
+            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+            line = proc.stdout.readline() if ready else ""
+            if LOSS_RE.search(line) or (ready and not line):
+                break
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130
+    _nothing_left(dump, before, no_leftovers)
