@@ -7,12 +7,12 @@ import time
 import pytest
 
 from titan_morph.runtime import testbed
-from titan_morph.runtime.testbed import DeviceClock, StageTimes
+from titan_morph.runtime.testbed import DeviceClock, InputWait, StageTimes
 
 
 @pytest.fixture
 def clock(monkeypatch):
-    monkeypatch.setattr(testbed, "_last_wait", [-1.0, -1.0])
+    monkeypatch.setattr(testbed, "_last_wait", InputWait(-1.0, -1.0))
     c = DeviceClock(hide_host_gap_ms=2.0)
     c.device_end, c.host_end = 10.000, 10.0003  # previous op: device end 10 s, returned 0.3 ms later
     return c
@@ -27,12 +27,12 @@ def test_long_host_gap_is_device_idle(clock):
 
 
 def test_blocked_input_wait_starts_the_op_at_the_arrival(clock, monkeypatch):
-    monkeypatch.setattr(testbed, "_last_wait", [10.0004, 10.0060])  # waited 5.6 ms for the input
+    monkeypatch.setattr(testbed, "_last_wait", InputWait(10.0004, 10.0060))  # waited 5.6 ms for the input
     assert clock.start(10.0061) == 10.0060
 
 
 def test_short_wait_counts_as_host_overhead(clock, monkeypatch):
-    monkeypatch.setattr(testbed, "_last_wait", [10.0004, 10.00045])  # 0.05 ms: the input was there
+    monkeypatch.setattr(testbed, "_last_wait", InputWait(10.0004, 10.00045))  # 0.05 ms: the input was there
     assert clock.start(10.0006) == 10.000
 
 
@@ -42,18 +42,18 @@ def test_at_most_the_hide_gap_is_hidden(clock):
 
 
 def test_stale_wait_from_before_the_previous_op_is_ignored(clock, monkeypatch):
-    monkeypatch.setattr(testbed, "_last_wait", [9.0, 9.9])
+    monkeypatch.setattr(testbed, "_last_wait", InputWait(9.0, 9.9))
     assert clock.start(10.0005) == 10.000
 
 
 def test_never_starts_before_the_previous_device_end(clock, monkeypatch):
-    monkeypatch.setattr(testbed, "_last_wait", [10.0003, 10.0008])  # a blocked wait ...
+    monkeypatch.setattr(testbed, "_last_wait", InputWait(10.0003, 10.0008))  # a blocked wait ...
     clock.device_end = 10.0009  # ... that ended before the device was free: the op waits for the device
     assert clock.start(10.0010) == 10.0009
 
 
 def test_run_pads_to_target_and_slow_compute_extends_the_device_time(monkeypatch):
-    monkeypatch.setattr(testbed, "_last_wait", [-1.0, -1.0])
+    monkeypatch.setattr(testbed, "_last_wait", InputWait(-1.0, -1.0))
     c = DeviceClock(hide_host_gap_ms=0.0)
     t0 = time.monotonic()
     c.run(0.005, lambda: None)
@@ -72,12 +72,12 @@ def test_bad_settings_name_the_value():
 
 def test_blocked_wait_starts_the_op_at_the_link_models_delivery(clock, monkeypatch):
     # waited 5.6 ms; the link model delivered at 10.0050 and the host saw it 1 ms later (emulator latency)
-    monkeypatch.setattr(testbed, "_last_wait", [10.0004, 10.0060, 10.0050])
+    monkeypatch.setattr(testbed, "_last_wait", InputWait(10.0004, 10.0060, 10.0050))
     assert clock.start(10.0061) == pytest.approx(10.0050)
 
 
 def test_delivery_hides_at_most_the_host_gap(clock, monkeypatch):
-    monkeypatch.setattr(testbed, "_last_wait", [10.0004, 10.0100, 10.0050])  # seen 5 ms after its delivery
+    monkeypatch.setattr(testbed, "_last_wait", InputWait(10.0004, 10.0100, 10.0050))  # seen 5 ms after its delivery
     assert clock.start(10.0101) == pytest.approx(10.0081)  # only 2 ms of that is hidden
 
 

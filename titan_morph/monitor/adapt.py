@@ -127,7 +127,7 @@ class Monitor:
         elif decision is not None:
             logger.warning("titan_morph: step %d: %s (adaptation off)", step, "; ".join(decision.reasons))
         if change is None and step == self.profile_steps and self.initial_planner is not None:
-            change = self._profiled_initial_plan(active)
+            change = self._profiled_initial_plan(active, self.initial_planner)
         if change is not None:
             self._made(change)
         return change
@@ -151,9 +151,9 @@ class Monitor:
         self._made(change)
         return change
 
-    def _profiled_initial_plan(self, active: Plan) -> Change | None:
+    def _profiled_initial_plan(self, active: Plan, planner: Callable[[CostModel], Plan]) -> Change | None:
         t0 = time.monotonic()
-        plan = self.initial_planner(self.times.model(self.microbatches))  # type: ignore[misc]
+        plan = planner(self.times.model(self.microbatches))
         self.initial_plan = plan
         if self.detector.slow_links or plan.orders == active.orders:
             return None  # an adapted plan is running, or the measured times change nothing

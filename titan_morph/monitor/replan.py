@@ -50,24 +50,27 @@ class MeasuredTimes:
                         seen[target].append(total / n)
 
     def times(self) -> tuple[tuple[float, float, float], ...]:
-        out = []
+        out: list[tuple[float, float, float]] = []
         for seen, fallback in zip(self._seen, self.fallback, strict=True):
-            triple = []
-            for j, kind in enumerate("FBW"):
-                xs = seen[kind]
-                triple.append(round(statistics.median(xs), 1) if xs else fallback[j])
-            out.append(tuple(max(t, 0.1) for t in triple))
+            f, b, w = (
+                max(round(statistics.median(seen[kind]), 1) if seen[kind] else fallback[j], 0.1)
+                for j, kind in enumerate("FBW")
+            )
+            out.append((f, b, w))
         return tuple(out)
 
-    def model(self, microbatches: int, delays: Sequence[float] | None = None, memory: int | None = None) -> CostModel:
+    def model(
+        self, microbatches: int, delays: Sequence[float] | None = None, memory: int | Sequence[int] | None = None
+    ) -> CostModel:
+        """The measured times as a cost model; ``memory``: one in-flight cap for every rank, or one per rank."""
         times = self.times()
-        return CostModel(
+        return CostModel.uniform(
             len(times),
             microbatches,
             tuple(t[0] for t in times),
             tuple(t[1] for t in times),
             tuple(t[2] for t in times),
-            delays=tuple(delays) if delays is not None else (0.0,) * (len(times) // self.stages_per_rank - 1),
+            delays=tuple(delays) if delays is not None else None,
             memory=memory,
             stages_per_rank=self.stages_per_rank,
         )

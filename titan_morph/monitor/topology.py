@@ -337,7 +337,7 @@ def best_layout(
             cache[delays] = cost(delays)
         return cache[delays]
 
-    def rate(layout: Layout) -> tuple:
+    def rate(layout: Layout) -> tuple[float, int, float, int, tuple[int, ...]]:
         sc = score(layout, slow, policy, cached, current)
         return (sc.dp_delay_ms, sc.off_pipeline, sc.pipeline_ms, sc.moved, sc.hosts)
 

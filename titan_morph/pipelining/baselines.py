@@ -168,8 +168,8 @@ def warmup_for(schedule: str, model: CostModel) -> tuple[int, ...]:
     if schedule == "pipemorph":
         if any(c > 0 for c in model.delays):
             return adapted_warmup(model)
-        memory = model.memory if model.memory is not None else n
-        return initial_warmup(s_count, n, memory)
+        budget = model.memory if model.memory is not None else n
+        return initial_warmup(s_count, n, budget)
     return (n,) * s_count  # gpipe
 
 

@@ -39,7 +39,7 @@ from .exact import lower_bound_ms, lower_bound_under
 from .links import LinkDownError, LinkModel, RandomDelays, TraceDelays, parse_delays
 from .model import STAGES_PER_RANK, CostModel, Plan, in_flight_peak, validate_orders, warmup_counts
 from .slackness import tolerance_ms
-from .values import parse_list
+from .values import N, parse_list
 
 PROG = "python -m titan_morph.pipelining.plan"
 
@@ -169,7 +169,7 @@ def _schedule(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _values(flag: str, text: str | None, kind: type, count: int | None, low: float | None) -> tuple:
+def _values(flag: str, text: str | None, kind: type[N], count: int | None, low: float | None) -> tuple[N, ...]:
     try:
         return parse_list(text, kind, name=flag, count=count, low=low)
     except ValueError as exc:
@@ -186,7 +186,7 @@ def _delays(flag: str, text: str | None, links: int) -> tuple[float, ...]:
 def _placement(args: argparse.Namespace, given: int | None = None) -> int:
     """Stages per rank: ``--stages-per-rank``, else what the schedule (or ``given``: a CSV) needs."""
     need = given if given is not None else 2 if args.schedule in V_SCHEDULES else 1
-    spr = args.stages_per_rank
+    spr: int | None = args.stages_per_rank
     if spr is None:
         return need
     if spr not in STAGES_PER_RANK:
@@ -293,6 +293,7 @@ def _run_links(args: argparse.Namespace, links: int) -> tuple[LinkModel | None, 
         seed = int(values[4]) if len(values) == 5 else 0
         values = values[:4]
         mean, std, low, high = values
+        model: LinkModel
         try:
             model = RandomDelays(links, mean, std, (low, high), seed=seed)
         except ValueError as exc:

@@ -75,15 +75,16 @@ class ExactResult:
         return 0.0 if self.makespan <= 0 else (self.makespan - self.lower_bound) / self.makespan
 
 
-def _import_cp_model():  # noqa: ANN202 - module object
+def _require_cp_model() -> None:
+    """Fail early, naming the package, when OR-Tools is missing (it is imported lazily: the planner
+    itself runs without it)."""
     try:
-        from ortools.sat.python import cp_model
+        from ortools.sat.python import cp_model  # noqa: F401
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError(
             "titan_morph.pipelining.exact needs OR-Tools (CP-SAT): pip install ortools "
             "(it is a dev/benchmark dependency: `pip install titan_morph[dev]`)"
         ) from exc
-    return cp_model
 
 
 def _stage_bounds(
@@ -267,7 +268,7 @@ def optimal_makespan(
     CP-SAT's proof; ``False`` solves without them, so that the bounds can be checked against the
     optimum (a bound that were too large would otherwise cut off the optimum and go unnoticed).
     """
-    _import_cp_model()
+    _require_cp_model()
     if time_limit_s <= 0:
         raise ValueError(f"time_limit_s must be > 0, got {time_limit_s}")
     if workers < 1:
@@ -321,7 +322,9 @@ def _solve(
     use_bound: bool = True,
 ) -> ExactResult:
     """One CP-SAT solve of the model described in the module docstring."""
-    cp_model = _import_cp_model()
+    _require_cp_model()
+    from ortools.sat.python import cp_model
+
     t_start = time.perf_counter()
     S, N = model.stages, model.microbatches
     kinds = ("F", "I", "W")
@@ -341,9 +344,9 @@ def _solve(
         horizon = min(horizon, round(max(e for _, e in hint_times.values()) * scale))
 
     m = cp_model.CpModel()
-    start: dict[tuple[int, str, int], object] = {}
-    end: dict[tuple[int, str, int], object] = {}
-    intervals: dict[int, list[object]] = {r: [] for r in range(model.ranks)}
+    start: dict[tuple[int, str, int], cp_model.IntVar] = {}
+    end: dict[tuple[int, str, int], cp_model.LinearExprT] = {}
+    intervals: dict[int, list[cp_model.IntervalVar]] = {r: [] for r in range(model.ranks)}
     for s in range(S):
         for k in kinds:
             for b in range(N):
@@ -375,17 +378,17 @@ def _solve(
                     live.append(m.new_interval_var(start[(s, "F", b)], size, end[(s, "I", b)], f"mem{b}@{s}"))
             m.add_cumulative(live, [1] * len(live), cap)
     if use_bound:  # closed-form bounds (lower_bound_ms), on the integer durations
-        per_stage = [[dur[(s, k)] for s in range(S)] for k in kinds]
+        fwd, bwd, wgt = ([dur[(s, k)] for s in range(S)] for k in kinds)
         if model.stages_per_rank > 1:
-            bounds = _rank_bounds(model, *per_stage, delay)
+            bounds = _rank_bounds(model, fwd, bwd, wgt, delay)
         else:
-            bounds = _stage_bounds(S, N, *per_stage, delay, [model.budget(s) for s in range(S)])
+            bounds = _stage_bounds(S, N, fwd, bwd, wgt, delay, [model.budget(s) for s in range(S)])
         for b_s in bounds:
             m.add(mk >= math.ceil(b_s))
     # Symmetry breaking (see module docstring).
     for b in range(N - 1):
         m.add(start[(0, "F", b + 1)] >= end[(0, "F", b)])
-    shared: dict[tuple[int, int], object] = {}
+    shared: dict[tuple[int, int], cp_model.IntVar] = {}
     for s in range(S):
         if fifo and s > 0:
             for b in range(N - 1):

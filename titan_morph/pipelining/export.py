@@ -317,7 +317,7 @@ def timeline_png(result: SimResult, path: str | Path, title: str | None = None, 
     pts_per_ms = fig_w * 72 * 0.82 / (makespan * 1.13)  # axes ≈ 82 % of the figure width
     kinds_used: list[str] = []
     for stage, stage_timings in enumerate(result.timings):
-        y = stages - 1 - stage
+        y: float = stages - 1 - stage
         ax.add_patch(
             matplotlib.patches.Rectangle((0, y - row_h / 2), makespan, row_h, facecolor="#f4f4f4", edgecolor="#d0d0d0")
         )

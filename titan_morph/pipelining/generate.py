@@ -373,8 +373,8 @@ def run_generator(
                     if qf is None:
                         arrive = end + df[s]
                     else:
-                        q = qf[s]
-                        arrive = end if q is None else q.send(t0 + end, step).delivered - t0
+                        queue = qf[s]
+                        arrive = end if queue is None else queue.send(t0 + end, step).delivered - t0
                     if track and rank_of[s + 1] != r:
                         heappush(coming_f[s + 1], arrive)
                     seq += 1
@@ -387,8 +387,8 @@ def run_generator(
                     if qb is None:
                         arrive = end + db[s]
                     else:
-                        q = qb[s]
-                        arrive = end if q is None else q.send(t0 + end, step).delivered - t0
+                        queue = qb[s]
+                        arrive = end if queue is None else queue.send(t0 + end, step).delivered - t0
                     if track and rank_of[s - 1] != r:
                         heappush(coming_i[s - 1], arrive)
                     seq += 1

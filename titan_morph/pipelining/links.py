@@ -83,7 +83,7 @@ class StaticDelays(LinkModel):
 
     def delay_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
         _check_direction(direction)
-        return (self.fwd if direction == "fwd" else self.bwd)[link]  # type: ignore[index]
+        return (self.fwd if direction == "fwd" or self.bwd is None else self.bwd)[link]
 
 
 @dataclass
@@ -333,7 +333,7 @@ def parse_delays(spec: str | Sequence[float] | None, num_links: int, name: str =
     broadcasts; ``None``/``""`` = no delay; ``inf`` = the link is down), with :func:`values.parse_list`."""
     from .values import parse_list
 
-    values = parse_list(spec, float, name=name, low=0.0, allow_inf=True)  # type: ignore[arg-type]
+    values = parse_list(spec, float, name=name, low=0.0, allow_inf=True)
     if not values:
         return (0.0,) * num_links
     if len(values) == 1:

@@ -301,11 +301,11 @@ def validate_orders(model: CostModel, orders: Sequence[Sequence[Op]]) -> None:
             dups = sorted(f"{k}{m}" for (k, m), c in counts.items() if c > 1)
             if dups:
                 raise ValueError(f"{label}: ops repeated: {', '.join(dups)}")
-            pos = {(op.kind, op.mb): p for p, op in ops}
+            at = {(op.kind, op.mb): p for p, op in ops}
             missing: list[str] = []
             extra = [str(op) for _, op in ops if op.mb >= n]
             for m in range(n):
-                has = {k for k in KINDS if (k, m) in pos}
+                has = {k for k in KINDS if (k, m) in at}
                 if "F" not in has:
                     missing.append(f"F{m}")
                 if "B" in has and has & {"I", "W"}:
@@ -318,10 +318,10 @@ def validate_orders(model: CostModel, orders: Sequence[Sequence[Op]]) -> None:
                     f" missing [{', '.join(missing)}] unexpected [{', '.join(extra)}]"
                 )
             for m in range(n):
-                bwd = "B" if ("B", m) in pos else "I"
-                if pos[(bwd, m)] < pos[("F", m)]:
+                bwd = "B" if ("B", m) in at else "I"
+                if at[(bwd, m)] < at[("F", m)]:
                     raise ValueError(f"{label}: {bwd}{m} comes before F{m}")
-                if bwd == "I" and pos[("W", m)] < pos[("I", m)]:
+                if bwd == "I" and at[("W", m)] < at[("I", m)]:
                     raise ValueError(f"{label}: W{m} comes before I{m}")
         peak = in_flight_peak(order)
         if peak > model.budget(r):

@@ -63,7 +63,7 @@ def sample_delays(
 def _per_link(name: str, value: float | Sequence[float], links: int) -> tuple[float, ...]:
     from .values import parse_list
 
-    values = parse_list(value, float, name=name, count=links, low=0.0)  # type: ignore[arg-type]
+    values = parse_list(value, float, name=name, count=links, low=0.0)
     if len(values) != links:
         raise ValueError(f"{name} needs 1 or {links} values (one per link), got {len(values)}")
     return values

@@ -813,10 +813,10 @@ def _knob_seeds(
     for group, raw in zip(out, (must, rest)):
         for name, vec, full, plan in raw:
             x = _normalise(model, vec, caps)
-            k = Knobs(x, caps if full else tuple(_needs(x, objective.topo.stages)), base, plan)
-            if k not in seen:
-                seen.add(k)
-                group.append((name, k))
+            knobs = Knobs(x, caps if full else tuple(_needs(x, objective.topo.stages)), base, plan)
+            if knobs not in seen:
+                seen.add(knobs)
+                group.append((name, knobs))
     return out
 
 

@@ -233,12 +233,12 @@ def _static_delays(
     if links is None:
         cf = cb = model.delays
     elif isinstance(links, StaticDelays):
-        cf, cb = links.fwd, links.bwd  # type: ignore[assignment]
+        cf, cb = links.fwd, links.fwd if links.bwd is None else links.bwd
     else:
         return None
-    if any(math.isinf(c) for c in cf) or any(math.isinf(c) for c in cb):  # type: ignore[union-attr]
+    if any(math.isinf(c) for c in cf) or any(math.isinf(c) for c in cb):
         return None  # the queue path raises LinkDownError with the link and the time
-    return cf, cb  # type: ignore[return-value]
+    return cf, cb
 
 
 def time_codes(

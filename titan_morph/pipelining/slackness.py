@@ -129,7 +129,9 @@ def _fits(model: CostModel, memory: Sequence[int] | None, x: Sequence[int]) -> b
     return all(sum(x[s] for s in model.rank_stages(r)) <= memory[r] for r in range(model.ranks))
 
 
-def _fill(model: CostModel, memory: Sequence[int] | None, key: Callable[[int, int], object]) -> list[int]:
+def _fill(
+    model: CostModel, memory: Sequence[int] | None, key: Callable[[int, int], tuple[int, int] | None]
+) -> list[int]:
     """Raise Δ's one unit at a time, always on the feasible hop with the smallest ``key(hop, Δ)``.
 
     x_{S-1} = 1 and x_s = 1 + Σ_{j>=s} Δ_j; raising Δ_j raises x_0..x_j, allowed while x stays

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import SupportsFloat, SupportsIndex, TypeVar
 
 __all__ = ["parse_list"]
 
@@ -18,19 +18,22 @@ N = TypeVar("N", int, float)
 
 
 def _item(raw: object, kind: type[N], name: str) -> N:
-    if isinstance(raw, bool):
-        raise ValueError(f"{name}: {raw!r} is not a number")
+    """One value as ``kind``; an integer may be written ``2`` or ``2.0``, never ``2.5`` or ``True``."""
+    what = "an integer" if kind is int else "a number"
+    shown = raw.strip() if isinstance(raw, str) else raw
+    if isinstance(raw, bool) or not isinstance(raw, (str, SupportsFloat)):
+        raise ValueError(f"{name}: {shown!r} is not {what}")
     try:
-        if kind is int:
-            if isinstance(raw, float) and not raw.is_integer():
-                raise ValueError
-            return kind(raw if not isinstance(raw, str) else raw.strip())  # type: ignore[return-value]
-        value = float(raw.strip() if isinstance(raw, str) else raw)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        what = "an integer" if kind is int else "a number"
-        shown = raw.strip() if isinstance(raw, str) else raw
+        if isinstance(raw, str):
+            return kind(raw.strip())
+        if isinstance(raw, SupportsIndex):  # an integer type: exact, however large
+            return kind(raw)
+        value = float(raw)
+        if kind is int and not value.is_integer():
+            raise ValueError
+        return kind(value)
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{name}: {shown!r} is not {what}") from None
-    return value  # type: ignore[return-value]
 
 
 def parse_list(

@@ -82,7 +82,10 @@ class HybridExchange(StepExchange):
         stages_per_rank: int = 1,
     ) -> None:
         super().__init__(pipeline_group, microbatches, stages_per_rank)
-        self.world = cpu_group(dist.group.WORLD)
+        world = dist.group.WORLD
+        if world is None:  # torch types WORLD as optional: it is None before init_process_group
+            raise RuntimeError("HybridExchange: torch.distributed has no default process group")
+        self.world = cpu_group(world)
         self.world_size = dist.get_world_size(self.world)
         self.pipeline_ranks = dist.get_process_group_ranks(pipeline_group)
         self.topology = topology
@@ -135,6 +138,7 @@ class HybridExchange(StepExchange):
             dist.irecv(into, group=group, group_src=(me - 1) % n, tag=PROBE_TAG),
         ]
         for work in works:
-            work.wait()
+            if work is not None:  # None only on a rank outside ``group``, which this one is not
+                work.wait()
         self.probes += 1
         logger.debug("titan_morph: probed DP ring %s in %.1f ms", ranks, (time.monotonic() - t0) * 1e3)

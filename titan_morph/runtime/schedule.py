@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
@@ -104,7 +105,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self,
         stages: list[Any],
         n_microbatches: int,
-        loss_fn: Callable | None = None,
+        loss_fn: Callable[..., torch.Tensor] | None = None,
         *,
         plan: Plan,
         transport: Transport | None = None,
@@ -121,7 +122,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
             raise ValueError(
                 f"MorphSchedule: the plan places {per_rank} stage(s) per rank, got {len(stages)} stages on this rank"
             )
-        super().__init__(stages, n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads, **kwargs)
+        # torch's _PipelineScheduleRuntime.__init__(*args, **kwargs) carries no annotations
+        super().__init__(stages, n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads, **kwargs)  # type: ignore[no-untyped-call]
         if self._num_stages != self.pp_group_size * per_rank:
             raise ValueError(
                 f"MorphSchedule needs {per_rank} stage(s) per pipeline rank, got {self._num_stages} stages"
@@ -161,6 +163,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self._stage_index = stage.group_rank  # this rank's row in the exchange
         self._is_last = any(st.is_last for st in stages)  # in the V the last stage runs on rank 0
         if exchange is None and distributed:
+            if group is None:  # torch types WORLD as optional: it is None before init_process_group
+                raise RuntimeError("MorphSchedule: torch.distributed has no default process group")
             exchange = StepExchange(group, n_microbatches, per_rank)
         self._exchange = exchange
         self._timeline = TimelineRenderer()
@@ -288,6 +292,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
                 self._produced_at = end
                 return out
 
+            # on this stage instance only: torch's schedules call these methods by name, with no hook around them
             setattr(stage, name, timed)
 
         for name, kind in _TIMED_METHODS.items():

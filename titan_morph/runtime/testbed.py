@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,9 +66,18 @@ class StageTimes:
                 raise ValueError(f"synthetic {name} must be in [0, 60000) ms, got {value}")
 
 
-# (start, end, due) monotonic seconds of the latest pipeline input wait in this process; ``due``:
-# when the link model delivered its inputs (emulated receives, see below), else ``end``.
-_last_wait: list[float] = [-math.inf, -math.inf, -math.inf]
+@dataclass
+class InputWait:
+    """Monotonic seconds of one pipeline input wait: when it started and ended, and ``due``, when
+    the link model delivered its inputs (emulated receives, see :func:`_due`; None: at ``end``)."""
+
+    start: float = -math.inf
+    end: float = -math.inf
+    due: float | None = None
+
+
+# Process-wide, as the torch function it is read from: every stage of this process waits through it.
+_last_wait = InputWait()
 
 
 def _due(work: Any, end: float) -> float:
@@ -88,20 +98,26 @@ def _install_wait_probe() -> None:
     """Time every ``_wait_batch_p2p`` of torch's schedules (looked up at call time). Idempotent."""
     from torch.distributed.pipelining import schedules
 
-    if getattr(schedules._wait_batch_p2p, "__titan_morph_probe__", False):
+    if isinstance(schedules._wait_batch_p2p, _WaitProbe):
         return
-    inner = schedules._wait_batch_p2p
+    # torch offers no hook around a schedule's input wait: replacing its module function is the only way to time it
+    schedules._wait_batch_p2p = _WaitProbe(schedules._wait_batch_p2p)
 
-    def _wait_batch_p2p(work: Any) -> Any:
+
+class _WaitProbe:
+    """torch's ``_wait_batch_p2p`` that records each wait in :data:`_last_wait`."""
+
+    def __init__(self, inner: Callable[[Any], Any]) -> None:
+        self.inner = inner
+
+    def __call__(self, work: Any) -> Any:
         start = time.monotonic()
         try:
-            return inner(work)
+            return self.inner(work)
         finally:
             end = time.monotonic()
-            _last_wait[0], _last_wait[1], _last_wait[2] = start, end, _due(work, end)
-
-    _wait_batch_p2p.__titan_morph_probe__ = True  # type: ignore[attr-defined]
-    schedules._wait_batch_p2p = _wait_batch_p2p
+            wait = _last_wait
+            wait.start, wait.end, wait.due = start, end, _due(work, end)
 
 
 def _sleep_until(deadline: float) -> None:
@@ -125,8 +141,9 @@ class DeviceClock:
 
     def start(self, now: float) -> float:
         """Device start of an op called at ``now``."""
-        wait_start, wait_end = _last_wait[0], _last_wait[1]
-        due = _last_wait[2] if len(_last_wait) > 2 else wait_end  # (start, end) alone: due at the end
+        wait = _last_wait
+        wait_start, wait_end = wait.start, wait.end
+        due = wait_end if wait.due is None else wait.due
         blocked = wait_end - wait_start > WAIT_BLOCKED_S and wait_end >= self.host_end
         if blocked and now - wait_end <= self.hide_s:
             # the input arrived late: the device idled until the link delivered it
@@ -185,6 +202,7 @@ def pad_stage_compute(
     def backward_weight_one_chunk(*args: Any, **kwargs: Any) -> Any:
         return clock.run(wgt, backward_weight, *args, **kwargs)
 
+    # on this stage instance only: torch's schedules call these methods by name, with no hook around them
     stage.forward_one_chunk = forward_one_chunk
     stage.backward_one_chunk = backward_one_chunk
     stage.backward_weight_one_chunk = backward_weight_one_chunk
