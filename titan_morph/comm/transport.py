@@ -87,6 +87,7 @@ class Transport(P2P, Protocol):
     """The injected link model (None: the real network, no emulation)."""
     depth: int | None
     """Messages in flight per (link, direction) before a send blocks the caller (None: never)."""
+
     @property
     def failovers(self) -> int:
         """(link, direction) pairs moved to the delegated path because the default path failed."""
