@@ -17,7 +17,6 @@ from titan_morph.integration.assembly import (
     initial_plan,
     make_transport,
     prepare_stage,
-    transport_depth,
 )
 from titan_morph.integration.schedules import register_schedule
 from titan_morph.pipelining.builders import build
@@ -41,7 +40,7 @@ class ReplanSchedule(MorphSchedule):
 
 
 def _build(req: ScheduleRequest) -> ReplanSchedule:
-    morph = req.job_config.morph
+    morph = req.settings.morph
     stages = req.stage.num_stages
     first = initial_plan("zb-h1", morph, stages, req.n_microbatches)
     delayed = cost_model(morph, stages, req.n_microbatches, memory=True).with_delays((20.0,) * (stages - 1))
@@ -58,7 +57,7 @@ def _build(req: ScheduleRequest) -> ReplanSchedule:
         transport=make_transport(req, sync_clock(req.stage.group)),
         device_clock=clock,
         scale_grads=False,
-        planned_depth=transport_depth(morph),
+        planned_depth=morph.depth,
     )
 
 

@@ -28,7 +28,7 @@ def test_register_schedule_plugs_in_and_refuses_silent_overrides():
 
     schedules.register_schedule("TestOnlySchedule", builder)
     try:
-        req = schedules.ScheduleRequest("testonlyschedule", stage=None, n_microbatches=8, loss_fn=None, job_config=None)
+        req = schedules.ScheduleRequest("testonlyschedule", stage=None, n_microbatches=8, loss_fn=None, settings=None)
         assert schedules.build_schedule(req) == "schedule-object" and built == [req]
         with pytest.raises(ValueError, match="already registered"):
             schedules.register_schedule("TESTONLYSCHEDULE", builder)
