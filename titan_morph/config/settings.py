@@ -9,7 +9,7 @@ running TorchTitan release.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from titan_morph.comm.timeouts import CommTimeouts
 from titan_morph.config.fields import ConfigError
@@ -24,23 +24,24 @@ Triple = tuple[float, float, float]
 @dataclass(frozen=True)
 class JobView:
     """What titan_morph reads of a TorchTitan job, whatever the release: the adapter of each release
-    fills it from that release's config (``integration``). ``ranks``: the number of ranks the
-    launcher was told to start (``NGPU``), None when it follows from the degrees."""
+    fills every field from that release's config (``integration``). ``ranks``: the number of ranks
+    the launcher was told to start (``NGPU``), None when it follows from the degrees. The resolved
+    classes below have no defaults: the schema (:mod:`titan_morph.config.schema`) holds the only ones."""
 
-    pipeline_parallel_degree: int = 1
-    data_parallel_replicate_degree: int = 1
-    data_parallel_shard_degree: int = 1
-    tensor_parallel_degree: int = 1
-    context_parallel_degree: int = 1
-    local_batch_size: int = 8
-    microbatch_size: int = 1
-    schedule: str = "1F1B"
-    stages_per_rank: int | None = 1
-    steps: int = 10
-    init_timeout_s: float = 300.0
-    train_timeout_s: float = 100.0
-    checkpoint: bool = False
-    ranks: int | None = None
+    pipeline_parallel_degree: int
+    data_parallel_replicate_degree: int
+    data_parallel_shard_degree: int
+    tensor_parallel_degree: int
+    context_parallel_degree: int
+    local_batch_size: int
+    microbatch_size: int
+    schedule: str
+    stages_per_rank: int | None
+    steps: int
+    init_timeout_s: float
+    train_timeout_s: float
+    checkpoint: bool
+    ranks: int | None
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -57,19 +58,19 @@ class JobView:
 class InjectSettings:
     """``[morph.inject]``, parsed (see :class:`~titan_morph.config.schema.Inject` for each option)."""
 
-    mode: str = "none"
-    delays_ms: tuple[float, ...] = ()
+    mode: str
+    delays_ms: tuple[float, ...]
     """One per link (or per rank pair with ``rank_links``); () when not set."""
-    rank_links: tuple[tuple[int, int], ...] = ()
-    direction: str = "both"
-    start_step: int = 1
-    end_step: int = 0
-    links: tuple[int, ...] = ()
-    random_mean_ms: float = 0.0
-    random_std_ms: float = 0.0
-    random_interval_ms: tuple[float, ...] = (100.0, 200.0)
-    seed: int = 0
-    trace_file: str = ""
+    rank_links: tuple[tuple[int, int], ...]
+    direction: str
+    start_step: int
+    end_step: int
+    links: tuple[int, ...]
+    random_mean_ms: float
+    random_std_ms: float
+    random_interval_ms: tuple[float, ...]
+    seed: int
+    trace_file: str
 
     def window(self, steps: int) -> tuple[int, int] | None:
         """First and last step of the injected straggler (None when nothing is injected)."""
@@ -80,43 +81,45 @@ class InjectSettings:
 class SyntheticSettings:
     """``[morph.synthetic]``, parsed: one value per stage where the pipeline is known."""
 
-    enabled: bool = False
-    fwd_ms: tuple[float, ...] = (10.0,)
-    bwd_ms: tuple[float, ...] = (10.0,)
-    wgt_ms: tuple[float, ...] = (10.0,)
-    hidden: int = 64
+    enabled: bool
+    """Whether the model's stages are replaced by synthetic ones."""
+    fwd_ms: tuple[float, ...]
+    bwd_ms: tuple[float, ...]
+    wgt_ms: tuple[float, ...]
+    """F, B and W in ms per microbatch: one per stage (one for all where the stages are unknown)."""
+    hidden: int
 
 
 @dataclass(frozen=True)
 class MorphSettings:
     """``[morph]``, parsed (see :class:`~titan_morph.config.schema.Morph` for each option)."""
 
-    memory_budget: int = 0
-    stage_times_ms: tuple[float, ...] = ()
+    memory_budget: int
+    stage_times_ms: tuple[float, ...]
     """Flat F, B, W per stage; () = profile them."""
-    plan_delays_ms: tuple[float, ...] = ()
-    plan_delays_std_ms: tuple[float, ...] = ()
-    plan_samples: int = 16
-    plan_seed: int = 0
-    profile_steps: int = 2
-    search: bool = False
-    search_iterations: int = 0
-    search_budget_ms: float = 200.0
-    transport: str = "default"
-    link_queue_depth: int = 2
-    delegates_per_link: int = 1
-    detect_consecutive: int = 3
-    recover_consecutive: int = 5
-    detect_margin: float = 0.1
-    recover_ratio: float = 0.5
-    adapt: bool = True
-    monitor: bool = True
-    detect_min_ms: float = 5.0
-    adapt_memory_budget: int = 0
-    orchestrator: str = "off"
-    dp_detect_min_ms: float = 5.0
-    inject: InjectSettings = field(default_factory=InjectSettings)
-    synthetic: SyntheticSettings = field(default_factory=SyntheticSettings)
+    plan_delays_ms: tuple[float, ...]
+    plan_delays_std_ms: tuple[float, ...]
+    plan_samples: int
+    plan_seed: int
+    profile_steps: int
+    search: bool
+    search_iterations: int
+    search_budget_ms: float
+    transport: str
+    link_queue_depth: int
+    delegates_per_link: int
+    detect_consecutive: int
+    recover_consecutive: int
+    detect_margin: float
+    recover_ratio: float
+    adapt: bool
+    monitor: bool
+    detect_min_ms: float
+    adapt_memory_budget: int
+    orchestrator: str
+    dp_detect_min_ms: float
+    inject: InjectSettings
+    synthetic: SyntheticSettings
 
     @property
     def depth(self) -> int | None:

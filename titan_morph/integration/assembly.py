@@ -20,7 +20,7 @@ import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 import torch.distributed as dist
@@ -162,6 +162,14 @@ def initial_plan(
     return build(family, model, search=True, depth=morph.depth, iterations=iterations)
 
 
+class _Where(TypedDict):
+    """Where a transport sits: this rank's place in the pipeline and the pipeline's group."""
+
+    stage: int
+    num_stages: int
+    group: dist.ProcessGroup | None
+
+
 def _group_of(stage: PipelineStage) -> dist.ProcessGroup:
     """The stage's pipeline group (the world's when it has none)."""
     group = stage.group or dist.group.WORLD
@@ -211,20 +219,23 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
     links = link_model(morph.inject, ranks - 1, steps=settings.job.steps, hosts=hosts)
     timeouts = settings.timeouts
     device = stage.device
-    rank, group = stage.group_rank, stage.group
-    if morph.transport == "delegate":  # all PP traffic via delegates; they apply the injected delays
-        from titan_morph.comm.delegate import DelegateTransport
+    where: _Where = {"stage": stage.group_rank, "num_stages": ranks, "group": stage.group}
+    from titan_morph.comm.delegate import DelegateTransport  # spawns processes: loaded only when used
 
+    def delegates(strict: bool) -> DelegateTransport:
+        """The delegated path (§5); ``strict``: a failed delegate stops the job (no failover behind)."""
         return DelegateTransport(
-            stage=rank,
-            num_stages=ranks,
-            group=group,
+            **where,
             links=links,
             delegates_per_link=morph.delegates_per_link,
             epoch=clock.epoch,
             timeouts=timeouts,
+            strict=strict,
             device=device,
         )
+
+    if morph.transport == "delegate":  # all PP traffic via delegates; they apply the injected delays
+        return delegates(strict=True)
     primary: Transport = TorchTransport(clock.epoch)
     pairs = None
     if morph.transport == "auto":
@@ -248,9 +259,7 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
         primary = EmulatedTransport(
             primary,
             links,
-            stage=rank,
-            num_stages=ranks,
-            group=group,
+            **where,
             depth=morph.link_queue_depth,
             epoch=clock.epoch,
             timeouts=timeouts,
@@ -258,31 +267,17 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
     elif monitored:  # the real network: message stamps for the monitor
         from titan_morph.comm.recorded import RecordedTransport
 
-        primary = RecordedTransport(primary, stage=rank, num_stages=ranks, group=group, epoch=clock.epoch)
+        primary = RecordedTransport(primary, **where, epoch=clock.epoch)
     elif morph.transport == "default":
         return None
     if morph.transport == "default":
         return primary
-    from titan_morph.comm.delegate import DelegateTransport
     from titan_morph.comm.failover import FailoverTransport
 
-    delegate = DelegateTransport(
-        stage=rank,
-        num_stages=ranks,
-        group=group,
-        links=links,
-        delegates_per_link=morph.delegates_per_link,
-        epoch=clock.epoch,
-        timeouts=timeouts,
-        strict=False,
-        device=device,
-    )
     return FailoverTransport(
         primary,
-        delegate,
-        stage=rank,
-        num_stages=ranks,
-        group=group,
+        delegates(strict=False),
+        **where,
         pairs=pairs,
         timeouts=timeouts,
         recover_probes=morph.recover_consecutive,
