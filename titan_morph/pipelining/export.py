@@ -196,13 +196,15 @@ def messages(result: SimResult, links: LinkModel | None = None, step: int = 0) -
     for rank_timings in result.timings:
         for t in rank_timings:
             stage = t.stage if t.op.stage is None else t.op.stage
-            if t.op.kind == "F" and route_f[stage] is not None:
+            if t.op.kind == "F":
                 route, dst = route_f[stage], where.get((stage + 1, "F", t.op.mb))
-            elif t.op.kind in ("I", "B") and route_b[stage] is not None:
+            elif t.op.kind in ("I", "B"):
                 route, dst = route_b[stage], where.get((stage - 1, "I", t.op.mb))
             else:
                 continue
-            key = (route[0], DIRECTIONS[route[1]])  # type: ignore[index]
+            if route is None:  # a local hop, or no next stage
+                continue
+            key = (route[0], DIRECTIONS[route[1]])
             if dst is not None:
                 pending.setdefault(key, []).append((t.end + t.blocked, t, dst))
     out = []

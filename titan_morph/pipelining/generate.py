@@ -298,8 +298,9 @@ def run_generator(
             p = policy[r]
             lim = limit[r]
             code = -1
-            if pair[r] is not None:
-                s, m = pair[r]  # type: ignore[misc]
+            paired = pair[r]
+            if paired is not None:
+                s, m = paired
                 pair[r] = None
                 ready_w[s].remove(m)
                 heapq.heapify(ready_w[s])

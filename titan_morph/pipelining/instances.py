@@ -14,6 +14,10 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; annotations are not evaluated at run time
+    from typing_extensions import Unpack
 
 from .model import CostModel
 
@@ -99,10 +103,23 @@ def random_instance(
     return CostModel(stages, microbatches, fwd, bwd, wgt, delays, mem)
 
 
-def instance_set(seed: int, count: int, **kwargs: object) -> list[CostModel]:
+class InstanceOptions(TypedDict, total=False):
+    """The keyword arguments of :func:`random_instance`, for :func:`instance_set`."""
+
+    s_range: tuple[int, int]
+    n_mult: tuple[float, float]
+    time_range: tuple[float, float]
+    delay_range: tuple[float, float]
+    memory: str | None
+    zero_delay_prob: float
+    resolution: float
+    delay_factor: tuple[float, float] | None
+
+
+def instance_set(seed: int, count: int, **kwargs: Unpack[InstanceOptions]) -> list[CostModel]:
     """``count`` instances from one seeded stream (``kwargs`` go to :func:`random_instance`)."""
     rng = random.Random(seed)
-    return [random_instance(rng, **kwargs) for _ in range(count)]  # type: ignore[arg-type]
+    return [random_instance(rng, **kwargs) for _ in range(count)]
 
 
 def planner_set(seed: int, count: int) -> list[CostModel]:

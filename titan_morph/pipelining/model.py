@@ -80,6 +80,13 @@ STAGES_PER_RANK = (1, 2)
 """Placements the planner knows: one stage per rank, or two in a V (ZB-V's and DualPipeV's)."""
 
 
+def _per_rank(memory: int | Sequence[int] | None, ranks: int) -> tuple[int, ...] | None:
+    """A memory budget as one value per rank (checked by :class:`CostModel`)."""
+    if memory is None:
+        return None
+    return (memory,) * ranks if isinstance(memory, int) else tuple(memory)
+
+
 def _per_stage(name: str, value: float | Sequence[float], n: int) -> tuple[float, ...]:
     values = [float(value)] * n if isinstance(value, (int, float)) else [float(v) for v in value]
     if len(values) != n:
@@ -168,7 +175,17 @@ class CostModel:
             delay_t = (float(delays),) * links
         else:
             delay_t = tuple(float(d) for d in delays)
-        return cls(stages, microbatches, fwd, bwd, wgt, delay_t, memory, stages_per_rank)  # type: ignore[arg-type]
+        ranks = stages // stages_per_rank if stages_per_rank in STAGES_PER_RANK else stages
+        return cls(
+            stages,
+            microbatches,
+            _per_stage("fwd", fwd, stages),
+            _per_stage("bwd", bwd, stages),
+            _per_stage("wgt", wgt, stages),
+            delay_t,
+            _per_rank(memory, ranks),
+            stages_per_rank,
+        )
 
     @property
     def ranks(self) -> int:
@@ -221,7 +238,7 @@ class CostModel:
 
     def with_memory(self, memory: int | Sequence[int] | None) -> CostModel:
         """The same model with another memory budget (``None`` = unbounded)."""
-        return replace(self, memory=memory)  # type: ignore[arg-type]
+        return replace(self, memory=_per_rank(memory, self.ranks))
 
     def duration(self, stage: int, kind: str) -> float:
         """Execution time of one op of ``kind`` on ``stage`` (``B`` = I + W fused)."""

@@ -163,8 +163,8 @@ class _Objective:
             self.static = [(tuple(v), tuple(v)) for v in scenarios]
         elif depth is None and (links is None or isinstance(links, StaticDelays)):
             cf = model.delays if links is None else links.fwd
-            cb = model.delays if links is None else links.bwd
-            self.static = [(tuple(cf), tuple(cb))]  # type: ignore[arg-type]
+            cb = model.delays if links is None else links.fwd if links.bwd is None else links.bwd
+            self.static = [(tuple(cf), tuple(cb))]
         else:
             self.static = None
         # One static vector equal to the planning delays: the generator's timeline is the score.
@@ -645,7 +645,9 @@ def _estimate(
     idx = list(range(lo, hi + 1))
     idx.remove(i)
     idx.insert(j - lo, i)
-    rel, d, qjs = tl.ready[s], dur[s], qj[s]  # type: ignore[index]
+    if tl.ready is None:
+        raise ValueError("_estimate needs a timeline timed with detail (its ready times)")
+    rel, d, qjs = tl.ready[s], dur[s], qj[s]
     t = tl.end[s][lo - 1] if lo > 0 else 0.0
     heads = []
     for k in idx:

@@ -192,7 +192,13 @@ def to_codes(orders: Sequence[Sequence[Op]], model: CostModel | None = None) -> 
     if model is None or model.stages_per_rank == 1:
         return [[(codes[op.kind], op.mb) for op in order] for order in orders]
     ranks = model.ranks
-    return [[(codes[op.kind] + CHUNK * (op.stage // ranks), op.mb) for op in order] for order in orders]  # type: ignore[operator]
+
+    def chunk(op: Op) -> int:
+        if op.stage is None:
+            raise ValueError(f"op {op} must name its stage: the model has {model.stages_per_rank} stages per rank")
+        return CHUNK * (op.stage // ranks)
+
+    return [[(codes[op.kind] + chunk(op), op.mb) for op in order] for order in orders]
 
 
 def from_codes(codes: Sequence[Sequence[Code]], model: CostModel | None = None) -> tuple[Order, ...]:
@@ -369,15 +375,13 @@ def time_codes(
                 if wait_b[s - 1] == m:
                     wait_b[s - 1] = -1
                     stack.append(rank_of[s - 1])
-            if detail:
+            if ready_at is not None and blocked_at is not None and own_f is not None and own_i is not None:
                 if k == 0:
-                    own_f[s][m] = t  # type: ignore[index]
+                    own_f[s][m] = t
                 elif k == 1:
-                    own_i[s][m] = t  # type: ignore[index]
-                ready_at[r][p] = (  # type: ignore[index]
-                    own_i[s][m] if k == 2 else own_f[s][m] if k != 0 and s == last else ready  # type: ignore[index]
-                )
-                blocked_at[r][p] = after - t  # type: ignore[index]
+                    own_i[s][m] = t
+                ready_at[r][p] = own_i[s][m] if k == 2 else own_f[s][m] if k != 0 and s == last else ready
+                blocked_at[r][p] = after - t
             t = after
             p += 1
         pos[r] = p

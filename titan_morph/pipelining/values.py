@@ -38,7 +38,7 @@ def _item(raw: object, kind: type[N], name: str) -> N:
 
 def parse_list(
     spec: str | Sequence[object] | float | int | None,
-    kind: type[N] = float,  # type: ignore[assignment]
+    kind: type[N] = float,  # type: ignore[assignment]  # mypy cannot type a TypeVar default (python/mypy#3737)
     *,
     name: str,
     count: int | None = None,
