@@ -9,8 +9,8 @@
   heal [--nodes A,B] [--nic NIC]        heal it (every broken path without options)
   schedule FILE                         apply a schedule (CSV time_s,from,to,nic,rate_mbit) now
   measure --from A --to B --nic NIC [--mbytes M]   time a TCP transfer A -> B
-  run --nodes K --ranks-per-node R [--shape A-B:NIC:RATE]... [--schedule FILE] -- TRAIN ARGS
-                                        ./run_train.sh across the nodes (CONFIG_FILE as there)
+  run --nodes K --ranks-per-node R [--shape A-B:NIC:RATE]... [--schedule FILE] [--store-nic NIC]
+      [--timeout-s S] -- TRAIN ARGS     ./run_train.sh across the nodes (CONFIG_FILE as there)
 
 Every command takes --prefix P (default tmlab), the name every lab object starts with. Errors are
 one line ``error: ...`` and exit code 2; ``run`` exits with the job's code.
@@ -67,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--shape", action="append", default=[], help="A-B:NIC:RATE, limit from the start")
     c.add_argument("--schedule", help="CSV time_s,from,to,nic,rate_mbit (times from the job's start)")
     c.add_argument("--timeout-s", type=float, default=6 * 3600.0, help="stop the job after this long")
+    c.add_argument("--store-nic", choices=NICS, default="data", help="NIC of the rendezvous and c10d store")
     c.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then ./run_train.sh arguments")
     return p
 
@@ -121,6 +122,7 @@ def _main(args: argparse.Namespace) -> int:
             schedule=read_schedule(args.schedule) if args.schedule else [],
             prefix=args.prefix,
             timeout_s=args.timeout_s,
+            store_nic=args.store_nic,
         )
         return run(opts)
     lab = Lab.existing(args.prefix)

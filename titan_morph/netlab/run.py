@@ -3,7 +3,8 @@
 Order of work: the configuration check of ``./run_train.sh`` (for nodes x ranks-per-node ranks;
 a bad value is one line and exit code 2, before any namespace exists), the lab, its initial
 limits, then one torchrun agent per node inside its namespace (static rendezvous on node 0's
-``data`` address, gloo bound to ``data``), all under ``titan_morph.launch supervise``, with one
+``data`` address, or ``host`` with ``store_nic``; gloo, and so every process group, bound to
+``data``), all under ``titan_morph.launch supervise``, with one
 run id and so one run folder. The console shows the rank that logs the loss, as
 ``./run_train.sh`` does; every node's output and per-rank logs go to ``RUN_FOLDER/netlab/``.
 
@@ -54,6 +55,8 @@ class RunOptions:
     schedule: list[Event] = field(default_factory=list)
     prefix: str = "tmlab"
     timeout_s: float = 6 * 3600.0
+    store_nic: str = "data"
+    """The NIC of node 0 that serves the rendezvous and the job's c10d store (``MASTER_ADDR``)."""
     python: str = sys.executable
 
 
@@ -104,8 +107,8 @@ def _agent_command(opts: RunOptions, lab: Lab, i: int, info: dict[str, object], 
         "ip", "netns", "exec", lab.node(i), py, "-m", "titan_morph.launch", "supervise", "--",
         py, "-m", "torch.distributed.run",
         "--nnodes", str(opts.nodes), "--nproc-per-node", str(opts.ranks_per_node), "--node-rank", str(i),
-        "--rdzv-backend", "static", "--master-addr", lab.address(0, "data"), "--master-port", str(MASTER_PORT),
-        "--local-addr", lab.address(i, "data"),
+        "--rdzv-backend", "static", "--master-addr", lab.address(0, opts.store_nic),
+        "--master-port", str(MASTER_PORT), "--local-addr", lab.address(i, opts.store_nic),
         "--role", "rank", "--tee", "3", "--log-dir", str(logs / f"node{i}"),
         *(shown if i == loss_rank // opts.ranks_per_node else []),
         "-m", TRAIN_MODULE, "--job.config_file", str(info["config_file"]), *overrides,
@@ -167,6 +170,8 @@ def run(opts: RunOptions) -> int:
     """Run the job on a fresh lab (see the module docstring); returns the job's exit code."""
     if opts.nodes < 2:
         raise LabError(f"nodes: {opts.nodes}: a lab job needs 2..8 nodes")
+    if opts.store_nic not in NICS:
+        raise LabError(f"store-nic {opts.store_nic!r}: one of {', '.join(NICS)}")
     if opts.ranks_per_node < 1:
         raise LabError(f"ranks-per-node: {opts.ranks_per_node}: at least 1")
     lab = Lab(opts.nodes, opts.prefix)
