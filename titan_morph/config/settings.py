@@ -10,6 +10,7 @@ running TorchTitan release.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from titan_morph.comm.timeouts import CommTimeouts
 from titan_morph.config.fields import ConfigError
@@ -81,6 +82,8 @@ class InjectSettings:
 class SyntheticSettings:
     """``[morph.synthetic]``, parsed: one value per stage where the pipeline is known."""
 
+    KEY: ClassVar[str] = "morph.synthetic"
+    """The table's name in error messages."""
     enabled: bool
     """Whether the model's stages are replaced by synthetic ones."""
     fwd_ms: tuple[float, ...]
@@ -154,7 +157,7 @@ class MorphSettings:
         if not syn.enabled:
             return None
         f, b, w = (
-            _for_stages(getattr(syn, n), stages, 1, f"morph.synthetic.{n}") for n in ("fwd_ms", "bwd_ms", "wgt_ms")
+            _for_stages(getattr(syn, n), stages, 1, f"{syn.KEY}.{n}") for n in ("fwd_ms", "bwd_ms", "wgt_ms")
         )
         return tuple(zip(f, b, w))
 

@@ -22,14 +22,13 @@ class SyntheticModelArgs(TransformerModelArgs):
 
     def update_from_config(self, job_config: Any, **kwargs: Any) -> None:
         super().update_from_config(job_config, **kwargs)
-        hidden = job_config.morph.synthetic.hidden
+        from titan_morph.integration.jobconfig import settings_of
+
+        settings = settings_of(job_config)
+        hidden = settings.morph.synthetic.hidden
         self.dim = hidden
         self.n_heads = max(1, hidden // HEAD_DIM)
-        from titan_morph.integration.schedules import stages_per_rank_of
-
-        par = job_config.parallelism
-        per_rank = stages_per_rank_of(par.pipeline_parallel_schedule, par.pipeline_parallel_layers_per_stage) or 2
-        self.n_layers = max(1, par.pipeline_parallel_degree * per_rank)
+        self.n_layers = max(1, settings.stages * (settings.job.stages_per_rank or 2))
 
 
 def synthetic_flavor() -> SyntheticModelArgs:
