@@ -24,6 +24,7 @@ import os
 import re
 import sys
 import tempfile
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -236,13 +237,26 @@ def _check_schedule(job_config: Any) -> None:
         ) from None
 
 
+# TorchTitan hands one JobConfig to the trainer, the model args and the TrainSpec's pipelining_fn, none
+# of which can carry titan_morph's settings to the next: each JobConfig is resolved once, here.
+# Keyed by id (a JobConfig is an unhashable dataclass); an entry goes with its JobConfig.
+_resolved: dict[int, tuple[weakref.ref[Any], Settings]] = {}
+
+
 def settings_of(job_config: Any, ranks: int | None = None) -> Settings:
-    """The resolved settings of a TorchTitan 0.2.2 JobConfig (the schedule checked too)."""
+    """The resolved settings of a TorchTitan 0.2.2 JobConfig (the schedule checked too), resolved
+    on the first call for that JobConfig."""
+    ref, known = _resolved.get(id(job_config), (None, None))
+    if ref is not None and ref() is job_config and known is not None and known.job.ranks == ranks:
+        return known
     morph = getattr(job_config, "morph", None)
     if not isinstance(morph, Morph):
         raise ConfigError(f"morph: the [morph] section is missing: set [job] custom_config_module = {CONFIG_MODULE!r}")
     _check_schedule(job_config)
-    return resolve(morph, job_view(job_config, ranks))
+    settings = resolve(morph, job_view(job_config, ranks))
+    key = id(job_config)
+    _resolved[key] = (weakref.ref(job_config, lambda _: _resolved.pop(key, None)), settings)
+    return settings
 
 
 def load(config_file: str | Path, overrides: Sequence[str] = (), ranks: int | None = None) -> tuple[Any, Settings]:
