@@ -126,7 +126,9 @@ def test_exact_model_without_the_bound_agrees_with_the_brute_force() -> None:
         assert free.optimal, free.status
         assert free.makespan == pytest.approx(best)
         assert lower_bound_ms(model) <= free.makespan + _EPS
-        assert optimal_makespan(model, time_limit_s=20).makespan == pytest.approx(best)
+        bounded = optimal_makespan(model, time_limit_s=20)
+        assert bounded.optimal, bounded.status
+        assert bounded.makespan == pytest.approx(best)
 
 
 def test_v_bound_never_exceeds_the_optimum() -> None:

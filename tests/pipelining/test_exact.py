@@ -91,7 +91,9 @@ def test_closed_form_lower_bound_is_valid_and_used() -> None:
         free = optimal_makespan(model, time_limit_s=20, use_bound=False)
         assert free.optimal
         assert lower_bound_ms(model) <= free.makespan + 1e-9
-        assert optimal_makespan(model, time_limit_s=20).makespan == pytest.approx(free.makespan)
+        bounded = optimal_makespan(model, time_limit_s=20)
+        assert bounded.optimal, bounded.status
+        assert bounded.makespan == pytest.approx(free.makespan)
     # Memory waves: M = 1 on the last stage serialises F, I there: N (F + I) plus the way in/out,
     # which is the optimum.
     wave = CostModel.uniform(2, 3, 1.0, 2.0, 0.5, delays=4.0, memory=(3, 1))

@@ -53,7 +53,6 @@ from .model import CostModel, Op, Order
 from .simulate import simulate
 
 _SCALES = (1, 2, 4, 5, 10, 20, 100, 1000)
-EXTRA_PARAMS: dict[str, object] = {}
 
 
 @dataclass(frozen=True)
@@ -416,11 +415,13 @@ def _solve(
     solver.parameters.max_time_in_seconds = float(time_limit_s)
     solver.parameters.num_workers = int(workers)
     solver.parameters.random_seed = int(seed)
-    for _name, _value in EXTRA_PARAMS.items():
-        setattr(solver.parameters, _name, _value)
     status = solver.solve(m)
     status_name = solver.status_name(status)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if status != cp_model.UNKNOWN:
+            # A serial schedule always exists within the horizon (the hint's makespan when there is
+            # one), so "infeasible" means a constraint cuts off feasible schedules: never hide it.
+            raise RuntimeError(f"exact: CP-SAT rejects every schedule (status {status_name}): the model is wrong")
         if hint_orders is None:
             raise RuntimeError(f"exact: CP-SAT found no schedule within {time_limit_s} s (status {status_name})")
         # Out of time before any solution (a loaded machine): the warm start is still a feasible
