@@ -161,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     except LabError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2
+    except KeyboardInterrupt:  # before a job started; whatever was made is removed on the way out
+        return 130
 
 
 if __name__ == "__main__":
