@@ -26,7 +26,9 @@ __all__ = [
     "Lab",
     "LabError",
     "can_make_namespaces",
+    "down",
     "ip",
+    "kill_namespace_processes",
     "lab_namespaces",
     "namespace_pids",
 ]

@@ -28,7 +28,7 @@ from typing import TextIO
 from titan_morph.netlab.lab import NICS, Lab, LabError
 from titan_morph.netlab.shape import break_path, heal, shape
 
-__all__ = ["Controller", "Event", "apply", "parse_schedule", "read_schedule"]
+__all__ = ["Controller", "Event", "apply", "check_events", "node_index", "parse_schedule", "read_schedule"]
 
 ACTIONS = ("break", "heal")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from titan_morph.netlab.lab import NICS, Lab, LabError, ip
 
-__all__ = ["Break", "Shape", "breaks", "heal", "shape", "shapes", "unshape", "break_path"]
+__all__ = ["Break", "Shape", "break_path", "breaks", "heal", "shape", "shapes", "unshape"]
 
 _CLASS_RE = re.compile(r"class htb 1:([0-9a-f]+) .*?\brate (\S+)")
 
