@@ -240,10 +240,20 @@ def run_generator(
     s_count, n, r_count = model.stages, model.microbatches, model.ranks
     last = s_count - 1
     route_f, route_b = model.routes()
+    wire = [-math.inf] * (2 * model.num_links)
+    txf: list[float] = []
+    txb: list[float] = []
+    wf: list[int] = []
+    wb: list[int] = []
     if links is None:
         df = [0.0 if rt is None else model.delays[rt[0]] for rt in route_f]
         db = [0.0 if rt is None else model.delays[rt[0]] for rt in route_b]
         qf = qb = None
+        if model.has_transmit:  # the bandwidth model: one message on each wire at a time, FIFO
+            txf = [0.0 if rt is None else model.transmit[rt[0]] for rt in route_f]
+            txb = [0.0 if rt is None else model.transmit[rt[0]] for rt in route_b]
+            wf = [0 if rt is None else 2 * rt[0] + rt[1] for rt in route_f]
+            wb = [0 if rt is None else 2 * rt[0] + rt[1] for rt in route_b]
     else:
         df = db = []
         queues = [(LinkQueue(links, k, "fwd"), LinkQueue(links, k, "bwd")) for k in range(model.num_links)]
@@ -372,7 +382,13 @@ def run_generator(
                 end = now + tf[s]
                 if s < last:
                     if qf is None:
-                        arrive = end + df[s]
+                        if txf and txf[s] > 0:
+                            w = wire[wf[s]]
+                            w = (end if end > w else w) + txf[s]
+                            wire[wf[s]] = w
+                            arrive = w + df[s]
+                        else:
+                            arrive = end + df[s]
                     else:
                         queue = qf[s]
                         arrive = end if queue is None else queue.send(t0 + end, step).delivered - t0
@@ -386,7 +402,13 @@ def run_generator(
                     pair[r] = (s, m)
                 if s > 0:
                     if qb is None:
-                        arrive = end + db[s]
+                        if txb and txb[s] > 0:
+                            w = wire[wb[s]]
+                            w = (end if end > w else w) + txb[s]
+                            wire[wb[s]] = w
+                            arrive = w + db[s]
+                        else:
+                            arrive = end + db[s]
                     else:
                         queue = qb[s]
                         arrive = end if queue is None else queue.send(t0 + end, step).delivered - t0

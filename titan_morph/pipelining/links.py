@@ -10,6 +10,11 @@ Semantics (documented once, here):
   ``i → i+1``; ``"bwd"`` carries gradients ``i+1 → i``.
 * A message accepted on a link at time ``t`` with delay ``c`` is delivered at ``t + c``, and
   never before an earlier message on the same (link, direction): links are FIFO.
+* Bandwidth: a link may also have a per-message transmit time ``tau`` (size / rate,
+  :meth:`LinkModel.transmit_ms`). It sends one message at a time per direction, in the order they
+  were accepted: transmission starts at ``max(t, end of the previous transmission)``, takes ``tau``,
+  and the latency ``c`` follows; delivery = start + tau + c. ``tau = 0`` is the delay-only model
+  above, bit for bit (:class:`StaticDelays` ``transmit=``, :class:`WithTransmit` for other models).
 * ``LinkQueue(depth=d)`` models the default (NCCL-like) transport: at most ``d`` messages are in
   flight (accepted, not yet delivered) per (link, direction); issuing a send while ``d`` are in
   flight blocks the caller until the oldest one is delivered. ``depth=None`` models a decoupled
@@ -55,17 +60,37 @@ class LinkModel:
     def delay_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
         raise NotImplementedError
 
+    def transmit_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
+        """Time the link needs to put one message on the wire (size / rate); 0 = delay-only model."""
+        return 0.0
+
     def snapshot(self, t_ms: float = 0.0, step: int = 0) -> tuple[float, ...]:
         """Per-link delay (max over directions) at one instant: what a planner would assume."""
         return tuple(max(self.delay_ms(link, d, t_ms, step) for d in DIRECTIONS) for link in range(self.num_links))
 
+    def transmit_snapshot(self, t_ms: float = 0.0, step: int = 0) -> tuple[float, ...]:
+        """Per-link transmit time (max over directions) at one instant: the planner's ``CostModel.transmit``."""
+        return tuple(max(self.transmit_ms(link, d, t_ms, step) for d in DIRECTIONS) for link in range(self.num_links))
+
+
+def _check_transmit(values: tuple[float, ...], links: int) -> tuple[float, ...]:
+    if len(values) != links:
+        raise ValueError(f"transmit times need {links} values (one per link), got {len(values)}")
+    for t in values:
+        if not (t >= 0 and math.isfinite(t)):
+            raise ValueError(f"transmit times must be finite and >= 0 ms per message, got {t}")
+    return values
+
 
 @dataclass
 class StaticDelays(LinkModel):
-    """Constant per-link delays; ``bwd`` defaults to ``fwd`` (symmetric link)."""
+    """Constant per-link latencies and transmit times; ``bwd`` defaults to ``fwd`` (symmetric link),
+    ``transmit`` to 0 (delay-only) and ``transmit_bwd`` to ``transmit``."""
 
     fwd: tuple[float, ...]
     bwd: tuple[float, ...] | None = None
+    transmit: tuple[float, ...] | None = None
+    transmit_bwd: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         self.fwd = tuple(float(d) for d in self.fwd)
@@ -76,6 +101,21 @@ class StaticDelays(LinkModel):
             if not d >= 0:
                 raise ValueError(f"link delays must be >= 0 ms (inf = link down), got {d}")
         self.num_links = len(self.fwd)
+        tf = (0.0,) * self.num_links if self.transmit is None else tuple(float(t) for t in self.transmit)
+        self.transmit = _check_transmit(tf, self.num_links)
+        tb = tf if self.transmit_bwd is None else tuple(float(t) for t in self.transmit_bwd)
+        self.transmit_bwd = _check_transmit(tb, self.num_links)
+
+    @property
+    def static_transmit(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(fwd, bwd) per-link transmit times."""
+        tf = self.transmit if self.transmit is not None else (0.0,) * self.num_links
+        return tf, tf if self.transmit_bwd is None else self.transmit_bwd
+
+    def transmit_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
+        _check_direction(direction)
+        tf, tb = self.static_transmit
+        return (tf if direction == "fwd" else tb)[link]
 
     @classmethod
     def zeros(cls, num_links: int) -> StaticDelays:
@@ -231,13 +271,47 @@ class TraceDelays(LinkModel):
                 writer.writerow([ev.at, ev.link, ev.delay_ms, ev.direction])
 
 
+@dataclass
+class WithTransmit(LinkModel):
+    """Any delay model (latency: random stragglers, a trace...) plus constant per-link transmit
+    times, so latency and bandwidth share one per-link description. ``transmit_bwd`` defaults to
+    ``transmit``."""
+
+    base: LinkModel
+    transmit: tuple[float, ...]
+    transmit_bwd: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        self.num_links = self.base.num_links
+        self.transmit = _check_transmit(tuple(float(t) for t in self.transmit), self.num_links)
+        tb = self.transmit if self.transmit_bwd is None else tuple(float(t) for t in self.transmit_bwd)
+        self.transmit_bwd = _check_transmit(tb, self.num_links)
+
+    def delay_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
+        return self.base.delay_ms(link, direction, t_ms, step)
+
+    def transmit_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
+        _check_direction(direction)
+        tb = self.transmit if self.transmit_bwd is None else self.transmit_bwd
+        return (self.transmit if direction == "fwd" else tb)[link]
+
+
 @dataclass(frozen=True)
 class SendTiming:
-    """When a send was issued by the caller, accepted by the link, and delivered to the peer."""
+    """When a send was issued by the caller, accepted by the link, and delivered to the peer;
+    ``started``/``finished`` bound its transmission (both = ``accepted`` with no transmit time)."""
 
     issued: float
     accepted: float
     delivered: float
+    started: float | None = None
+    finished: float | None = None
+
+    @property
+    def on_wire(self) -> tuple[float, float]:
+        """(start, end) of the transmission: the link's occupancy by this message."""
+        start = self.accepted if self.started is None else self.started
+        return start, start if self.finished is None else self.finished
 
     @property
     def blocked(self) -> float:
@@ -259,6 +333,7 @@ class LinkQueue:
         self.model, self.link, self.direction, self.depth = model, link, direction, depth
         self._in_flight: deque[float] = deque()  # delivery times, non-decreasing
         self._last_delivery = -math.inf
+        self._wire_free = -math.inf  # when the link finishes transmitting the last message
 
     def send(self, t_issue: float, step: int = 0) -> SendTiming:
         """Account one message issued at ``t_issue``; raises :class:`LinkDownError` if the link is down."""
@@ -270,13 +345,22 @@ class LinkQueue:
                 accepted = self._in_flight[len(self._in_flight) - self.depth]
                 while self._in_flight and self._in_flight[0] <= accepted:
                     self._in_flight.popleft()
-        delay = self.model.delay_ms(self.link, self.direction, accepted, step)
+        tau = self.model.transmit_ms(self.link, self.direction, accepted, step)
+        start = accepted
+        if tau > 0:  # one message on the wire at a time, in acceptance order
+            start = max(accepted, self._wire_free)
+            if start > accepted:
+                tau = self.model.transmit_ms(self.link, self.direction, start, step)
+            self._wire_free = start + tau
+        delay = self.model.delay_ms(self.link, self.direction, start, step)
         if math.isinf(delay):
-            raise LinkDownError(self.link, self.direction, f" at t={accepted:.1f} ms, step {step}")
-        delivered = max(accepted + delay, self._last_delivery)
+            raise LinkDownError(self.link, self.direction, f" at t={start:.1f} ms, step {step}")
+        delivered = max(start + tau + delay, self._last_delivery)  # tau = 0: start = accepted, as before
         self._last_delivery = delivered
         if self.depth is not None:
             self._in_flight.append(delivered)
+        if tau > 0:
+            return SendTiming(t_issue, accepted, delivered, start, start + tau)
         return SendTiming(t_issue, accepted, delivered)
 
 
@@ -328,12 +412,15 @@ def table3_trace(num_stages: int = 4, steps: int = 200, paper_stages: int = 8, p
     return TraceDelays(links, tuple(events), key="step")
 
 
-def parse_delays(spec: str | Sequence[float] | None, num_links: int, name: str = "delays") -> tuple[float, ...]:
+def parse_delays(
+    spec: str | Sequence[float] | None, num_links: int, name: str = "delays", *, allow_inf: bool = True
+) -> tuple[float, ...]:
     """Parse ``"0,30,inf"`` or a list into ``num_links`` non-negative delays in ms (a scalar
-    broadcasts; ``None``/``""`` = no delay; ``inf`` = the link is down), with :func:`values.parse_list`."""
+    broadcasts; ``None``/``""`` = no delay; ``inf`` = the link is down), with :func:`values.parse_list`.
+    Transmit times use it too, with ``allow_inf=False``."""
     from .values import parse_list
 
-    values = parse_list(spec, float, name=name, low=0.0, allow_inf=True)
+    values = parse_list(spec, float, name=name, low=0.0, allow_inf=allow_inf)
     if not values:
         return (0.0,) * num_links
     if len(values) == 1:

@@ -26,6 +26,11 @@ Conventions (shared by every module, keep them stable):
   sequential this is a property of the order alone: every prefix of the order ending in an ``F``
   has ``#F - #I <= memory[r]``.
 * Times are milliseconds (floats); a delay of ``math.inf`` means the link is down.
+* Links: per link and direction, a latency ``delays[i]`` plus a per-message transmit time
+  ``transmit[i]`` (message size / rate). A link sends one message at a time per direction, in the
+  order they were issued: a message issued at ``t`` arrives at ``max(t, when the previous one
+  finished transmitting) + transmit + latency``. ``transmit = 0`` (the default) is the paper's
+  delay-only model, where any number of messages are in flight at once.
 """
 
 from __future__ import annotations
@@ -87,6 +92,15 @@ def _per_rank(memory: int | Sequence[int] | None, ranks: int) -> tuple[int, ...]
     return (memory,) * ranks if isinstance(memory, int) else tuple(memory)
 
 
+def _per_link(value: float | Sequence[float] | None, links: int) -> tuple[float, ...]:
+    """A per-link value as a tuple (a scalar broadcasts; None = empty, i.e. zeros; checked by CostModel)."""
+    if value is None:
+        return ()
+    if isinstance(value, (int, float)):
+        return (float(value),) * links
+    return tuple(float(d) for d in value)
+
+
 def _per_stage(name: str, value: float | Sequence[float], n: int) -> tuple[float, ...]:
     values = [float(value)] * n if isinstance(value, (int, float)) else [float(v) for v in value]
     if len(values) != n:
@@ -105,6 +119,8 @@ class CostModel:
     stage. ``delays[i]`` is c_i on link i (both directions) in ms, one per link between ranks.
     ``memory[r]`` is M_r, the most microbatches in flight on rank r (over its stages); ``None``
     means unbounded. ``stages_per_rank``: 1, or 2 for the V placement (module docstring).
+    ``transmit[i]`` is the time link i needs to put one message on the wire (both directions,
+    each a FIFO of its own), ms; empty = 0 on every link (the delay-only model).
     """
 
     stages: int
@@ -115,6 +131,7 @@ class CostModel:
     delays: tuple[float, ...] = field(default=())
     memory: tuple[int, ...] | None = None
     stages_per_rank: int = 1
+    transmit: tuple[float, ...] = field(default=())
 
     def __post_init__(self) -> None:
         if not isinstance(self.stages, int) or self.stages < 1:
@@ -144,6 +161,15 @@ class CostModel:
             if not d >= 0:  # inf (link down) is allowed here; NaN and negatives are not
                 raise ValueError(f"delays must be >= 0 ms (inf = link down), got {d}")
         object.__setattr__(self, "delays", delays)
+        transmit = tuple(float(t) for t in (self.transmit or (0.0,) * links))
+        if len(transmit) != links:
+            raise ValueError(
+                f"transmit needs {links} values (one per link between {self.ranks} ranks), got {len(transmit)}"
+            )
+        for t in transmit:
+            if not (t >= 0 and math.isfinite(t)):
+                raise ValueError(f"transmit must be finite and >= 0 ms per message, got {t}")
+        object.__setattr__(self, "transmit", transmit)
         if self.memory is not None:
             r = self.ranks
             mem = (int(self.memory),) * r if isinstance(self.memory, int) else tuple(int(m) for m in self.memory)
@@ -166,15 +192,11 @@ class CostModel:
         delays: float | Sequence[float] | None = None,
         memory: int | Sequence[int] | None = None,
         stages_per_rank: int = 1,
+        transmit: float | Sequence[float] | None = None,
     ) -> CostModel:
         """Build from scalars or per-stage lists (scalars broadcast); ``stages`` counts stages, not ranks."""
         links = stages // stages_per_rank - 1 if stages_per_rank in STAGES_PER_RANK else stages - 1
-        if delays is None:
-            delay_t: tuple[float, ...] = ()
-        elif isinstance(delays, (int, float)):
-            delay_t = (float(delays),) * links
-        else:
-            delay_t = tuple(float(d) for d in delays)
+        delay_t = _per_link(delays, links)
         ranks = stages // stages_per_rank if stages_per_rank in STAGES_PER_RANK else stages
         return cls(
             stages,
@@ -185,6 +207,7 @@ class CostModel:
             delay_t,
             _per_rank(memory, ranks),
             stages_per_rank,
+            _per_link(transmit, links),
         )
 
     @property
@@ -235,6 +258,16 @@ class CostModel:
     def with_delays(self, delays: Iterable[float]) -> CostModel:
         """The same model with other link delays (e.g. measured ones)."""
         return replace(self, delays=tuple(delays))
+
+    def with_transmit(self, transmit: float | Iterable[float]) -> CostModel:
+        """The same model with other per-message transmit times (a scalar broadcasts to every link)."""
+        values = (float(transmit),) * self.num_links if isinstance(transmit, (int, float)) else tuple(transmit)
+        return replace(self, transmit=values)
+
+    @property
+    def has_transmit(self) -> bool:
+        """Does any link have a transmit time (the bandwidth model), or is it the delay-only model?"""
+        return any(t > 0 for t in self.transmit)
 
     def with_memory(self, memory: int | Sequence[int] | None) -> CostModel:
         """The same model with another memory budget (``None`` = unbounded)."""

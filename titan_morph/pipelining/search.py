@@ -61,7 +61,7 @@ from .baselines import build_plain, split_fused, warmup_for
 from .generate import PAIR_W, REFILL, WAIT_F, WAIT_W, WAIT_W_FOR_F, run_generator
 from .links import LinkModel, StaticDelays
 from .model import CostModel, Op, Plan, validate_orders, warmup_counts
-from .simulate import CHUNK, OP_F, OP_I, OP_W, Code, Timeline, from_codes, time_codes, to_codes
+from .simulate import CHUNK, OP_F, OP_I, OP_W, Code, Timeline, from_codes, static_transmit, time_codes, to_codes
 from .slackness import adapted_warmup, fit_warmup, initial_warmup
 
 __all__ = [
@@ -159,6 +159,7 @@ class _Objective:
         self.bits = POLICY_BITS if model.stages_per_rank == 1 else V_POLICY_BITS
         self.plan_models = [model.with_delays(v) for v in plan_vectors]
         self.static: list[tuple[tuple[float, ...], tuple[float, ...]]] | None
+        self.transmit = static_transmit(model, links)  # per-message transmit times of static runs
         if scenarios is not None:
             self.static = [(tuple(v), tuple(v)) for v in scenarios]
         elif depth is None and (links is None or isinstance(links, StaticDelays)):
@@ -172,6 +173,7 @@ class _Objective:
             self.static is not None
             and len(self.static) == 1
             and self.static[0] == (model.delays, model.delays)
+            and self.transmit == (model.transmit, model.transmit)
             and len(self.plan_models) == 1
             and self.plan_models[0].delays == model.delays
         )
@@ -200,7 +202,7 @@ class _Objective:
             return tl.makespan, _finish_sum(tl)
         total = second = 0.0
         for delays in self.static:
-            tl = time_codes(self.model, codes, delays=delays)
+            tl = time_codes(self.model, codes, delays=delays, transmit=self.transmit)
             if tl.stuck is not None:
                 return math.inf, math.inf
             total += tl.makespan
@@ -219,7 +221,7 @@ class _Objective:
         total = second = 0.0
         chosen: Timeline | None = None
         for k, delays in enumerate(self.static):
-            tl = time_codes(self.model, codes, delays=delays, detail=k == pick)
+            tl = time_codes(self.model, codes, delays=delays, transmit=self.transmit, detail=k == pick)
             if tl.stuck is not None:
                 return (math.inf, math.inf), tl
             if k == pick:
@@ -231,10 +233,12 @@ class _Objective:
         return (total / n, second / n), chosen
 
     def tail_delays(self, which: int) -> tuple[Sequence[float], Sequence[float]]:
-        """Static per-link delays (fwd, bwd) the move estimates assume (scenario ``which``)."""
-        if self.static is None:
-            return self.model.delays, self.model.delays
-        return self.static[which % len(self.static)]
+        """Static per-link delays (fwd, bwd) the move estimates assume (scenario ``which``), each
+        plus the link's transmit time (a message's cost when it does not queue)."""
+        static = self.static
+        cf, cb = (self.model.delays, self.model.delays) if static is None else static[which % len(static)]
+        tf, tb = self.transmit
+        return [c + t for c, t in zip(cf, tf)], [c + t for c, t in zip(cb, tb)]
 
 
 def _finish_sum(tl: Timeline) -> float:

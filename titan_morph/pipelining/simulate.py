@@ -18,6 +18,9 @@ Execution semantics (shared with the emulator via :mod:`links`):
   ``bwd`` on link s−1) through one :class:`links.LinkQueue` per (link, direction). ``depth=None``
   is the non-blocking delegated transport (§5); ``depth=d`` is the NCCL-like FIFO of §3.2: the
   sending stage is blocked until its message is accepted (head-of-line blocking).
+* Bandwidth (:mod:`links`): a link with a transmit time tau per message sends one message at a
+  time per direction, in issue order; arrival = max(send, end of the previous transmission) + tau
+  + latency. tau = 0 is the delay-only model and times bit for bit as before.
 * An order that cannot complete raises :class:`DeadlockError` naming the stuck ops.
 """
 
@@ -230,6 +233,14 @@ class Timeline:
     stuck: tuple[int, ...] | None = None
 
 
+def static_transmit(model: CostModel, links: LinkModel | None) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(fwd, bwd) per-link transmit times of a static run: the links' own when they are static,
+    else the model's (both directions alike)."""
+    if isinstance(links, StaticDelays):
+        return links.static_transmit
+    return model.transmit, model.transmit
+
+
 def _static_delays(
     model: CostModel, links: LinkModel | None, depth: int | None
 ) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
@@ -253,6 +264,7 @@ def time_codes(
     *,
     links: LinkModel | None = None,
     delays: tuple[Sequence[float], Sequence[float]] | None = None,
+    transmit: tuple[Sequence[float], Sequence[float]] | None = None,
     depth: int | None = None,
     step: int = 0,
     t0: float = 0.0,
@@ -264,8 +276,11 @@ def time_codes(
 
     ``codes`` are trusted (each op once, F before I before W per stage: :func:`simulate` checks).
     Delays: ``delays = (fwd, bwd)`` static per-link values (fastest), else ``links`` (default
-    ``StaticDelays(model.delays)``) looked up at ``t0 + t`` and ``step``. Static finite delays
-    without ``depth`` take an arithmetic branch (delivery = end + c); anything else sends through
+    ``StaticDelays(model.delays, transmit=model.transmit)``) looked up at ``t0 + t`` and ``step``.
+    ``transmit = (fwd, bwd)``: per-link transmit times with static ``delays`` (default: the static
+    links' own, else ``model.transmit``). Static finite delays without ``depth`` take an arithmetic
+    branch (delivery = end + c; with a transmit time tau, max(end, wire free) + tau + c, the wire
+    then busy until max(end, wire free) + tau: the bandwidth model); anything else sends through
     one :class:`links.LinkQueue` per (link, direction), shared by every hop that crosses the link
     in that direction (per-link FIFO; the V's local hop takes no link). ``took[r][p]`` overrides
     the duration of the op at position p of rank r. Deadlocks give ``makespan = inf`` and ``stuck``.
@@ -274,13 +289,15 @@ def time_codes(
     last = s_count - 1
     if delays is None:
         delays = _static_delays(model, links, depth)
+    if delays is not None and transmit is None:
+        transmit = static_transmit(model, links)
     route_f, route_b = model.routes()
     qf: list[LinkQueue | None] | None = None
     qb: list[LinkQueue | None] | None = None
     df: list[float] = []
     db: list[float] = []
     if delays is None:
-        link_model = links if links is not None else StaticDelays(model.delays)
+        link_model = links if links is not None else StaticDelays(model.delays, transmit=model.transmit)
         if link_model.num_links != model.num_links:
             raise ValueError(f"links model has {link_model.num_links} links, the cost model {model.num_links}")
         queues = [
@@ -293,6 +310,10 @@ def time_codes(
         cf, cb = delays
         df = [0.0 if rt is None else (cb if rt[1] else cf)[rt[0]] for rt in route_f]
         db = [0.0 if rt is None else (cb if rt[1] else cf)[rt[0]] for rt in route_b]
+    # The bandwidth model on the arithmetic branch: per stage, its message's transmit time and wire.
+    tx = _wires(route_f, route_b, transmit) if qf is None and transmit is not None else None
+    txf, txb, wf, wb = tx if tx is not None else ([], [], [], [])
+    wire = [-math.inf] * (2 * model.num_links)
     rank_of = [model.rank_of(s) for s in range(s_count)]
     stages_of = [model.rank_stages(r) for r in range(r_count)]
     durs = []  # per rank, per code (kind + CHUNK * chunk)
@@ -349,7 +370,13 @@ def time_codes(
             if k == 0:
                 if s < last:
                     if qf is None:
-                        arr_f[s + 1][m] = t + df[s]
+                        if tx is not None and txf[s] > 0:
+                            w = wire[wf[s]]
+                            w = (t if t > w else w) + txf[s]
+                            wire[wf[s]] = w
+                            arr_f[s + 1][m] = w + df[s]
+                        else:
+                            arr_f[s + 1][m] = t + df[s]
                     else:
                         q = qf[s]
                         if q is None:
@@ -363,7 +390,13 @@ def time_codes(
                         stack.append(rank_of[s + 1])
             elif k != 2 and s > 0:
                 if qb is None:
-                    arr_b[s - 1][m] = t + db[s]
+                    if tx is not None and txb[s] > 0:
+                        w = wire[wb[s]]
+                        w = (t if t > w else w) + txb[s]
+                        wire[wb[s]] = w
+                        arr_b[s - 1][m] = w + db[s]
+                    else:
+                        arr_b[s - 1][m] = t + db[s]
                 else:
                     q = qb[s]
                     if q is None:
@@ -390,6 +423,28 @@ def time_codes(
         return Timeline(math.inf, starts, ends, ready_at, blocked_at, tuple(pos))
     span = max((e[-1] for e in ends if e), default=0.0)
     return Timeline(span, starts, ends, ready_at, blocked_at)
+
+
+Routes = Sequence[tuple[int, int] | None]
+
+
+def _wires(
+    route_f: Routes, route_b: Routes, transmit: tuple[Sequence[float], Sequence[float]]
+) -> tuple[list[float], list[float], list[int], list[int]] | None:
+    """Per stage, the transmit time of its F's and its I's message and the index (2·link +
+    direction) of the wire each uses; None when no link has a transmit time (the delay-only model)."""
+    tf, tb = transmit
+    if not any(t > 0 for t in tf) and not any(t > 0 for t in tb):
+        return None
+
+    def per_stage(routes: Routes) -> tuple[list[float], list[int]]:
+        taus = [0.0 if rt is None else (tb if rt[1] else tf)[rt[0]] for rt in routes]
+        keys = [0 if rt is None else 2 * rt[0] + rt[1] for rt in routes]
+        return taus, keys
+
+    txf, wf = per_stage(route_f)
+    txb, wb = per_stage(route_b)
+    return txf, txb, wf, wb
 
 
 def _durations(model: CostModel, orders: Sequence[Order], durations: Callable[[int, Op], float]) -> list[list[float]]:
@@ -446,7 +501,8 @@ def simulate(
     t0: float = 0.0,
     durations: Callable[[int, Op], float] | None = None,
 ) -> SimResult:
-    """Execute fixed ``orders`` under ``links`` (default ``StaticDelays(model.delays)``).
+    """Execute fixed ``orders`` under ``links`` (default: ``model.delays`` as latency and
+    ``model.transmit`` as per-message transmit time, the bandwidth model of :mod:`links`).
 
     ``depth``: None = non-blocking transport; d >= 1 = blocking FIFO with d messages in flight per
     (link, direction). Delays are looked up at ``t0 + t`` and ``step``. ``durations(rank, op)``
