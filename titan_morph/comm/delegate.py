@@ -69,6 +69,7 @@ from titan_morph.comm.clock import sync_clock
 from titan_morph.comm.delegate_pool import DelegateEnd, DelegateError, DelegatePool, Listener, exit_status
 from titan_morph.comm.delegate_slots import DeferredReleases, RecvHandle, SendHandle, SlotPath
 from titan_morph.comm.records import CommTimeoutError, MessageBook
+from titan_morph.comm.shm import DEFAULT_SLOTS
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 from titan_morph.comm.transport import Handle, TorchTransport, Transport, group_by_link
 from titan_morph.pipelining.links import LinkModel, LinkQueue
@@ -126,7 +127,7 @@ class DelegateTransport(MessageBook, Transport):
         group: dist.ProcessGroup | None = None,
         links: LinkModel | None = None,
         delegates_per_link: int = 1,
-        slots: int = 8,
+        slots: int = DEFAULT_SLOTS,
         epoch: float | None = None,
         timeouts: CommTimeouts = DEFAULT_TIMEOUTS,
         down_delay_ms: float = 0.0,
@@ -176,6 +177,8 @@ class DelegateTransport(MessageBook, Transport):
             prepare_segment=lambda seg: self.data.prepare_segment(seg),  # the reader starts once both exist
             releases_pending=lambda: self.data.releases.pending(),
             poll_releases=lambda: self.data.releases.poll(),
+            drain_copies=lambda bound_s: self.data.drain(bound_s),
+            device=self.device,
         )
         self.data = SlotPath(self, self.pool, slots, self.device)
         self._close_at_exit()

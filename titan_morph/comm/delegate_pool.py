@@ -25,11 +25,13 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore
 
 from titan_morph.comm import delegate_worker as wire
-from titan_morph.comm.shm import PREFIX, Segment, unlink_prefix
+from titan_morph.comm.devices import bind_device
+from titan_morph.comm.shm import PREFIX, CudaCallError, Segment, unlink_prefix
 from titan_morph.comm.timeouts import CommTimeouts
 
 __all__ = ["DelegateEnd", "DelegateError", "DelegatePool", "Listener", "exit_status"]
@@ -139,11 +141,14 @@ class DelegatePool:
         prepare_segment: Callable[[Segment], None],
         releases_pending: Callable[[], int],
         poll_releases: Callable[[], int],
+        drain_copies: Callable[[float], bool] = lambda bound_s: True,
+        device: torch.device | None = None,
     ) -> None:
         self.stage, self.num_stages, self.where = stage, num_stages, where
         self.k, self.slots, self.timeouts, self.strict = k, slots, timeouts, strict
         self._prepare_segment = prepare_segment
         self._releases_pending, self._poll_releases = releases_pending, poll_releases
+        self._drain_copies, self.device = drain_copies, device
         self.cond = threading.Condition()
         self.closed = False
         self.closing = False  # failures found while closing are not reported
@@ -242,7 +247,18 @@ class DelegatePool:
 
     # -- the reader thread -------------------------------------------------------------------
     def _read_loop(self) -> None:
-        """Reads every delegate's record pipe and the root's status pipe until the pool stops."""
+        """Reads every delegate's record pipe and the root's status pipe until the pool stops.
+
+        It runs on the rank's device (it pins segments and polls copy events). An error of its own
+        work (a failed pin, a device error while polling) fails the delegate it concerns, by name,
+        and the loop goes on: the waits on that delegate raise it instead of timing out."""
+        try:
+            bind_device(self.device)
+        except Exception as e:
+            with self.cond:
+                for dg in self.roles:
+                    self._fail(dg, f"the delegates' reader thread could not select {self.device}: {e}")
+                self.cond.notify_all()
         by_fd = {dg.out_r: dg for dg in self.roles}
         while True:
             with self.cond:
@@ -267,8 +283,17 @@ class DelegatePool:
                     if fd == self._status_r:
                         self._on_status(chunk)
                     else:
-                        self._on_records(by_fd[fd], chunk)
-            self._poll_releases()
+                        try:
+                            self._on_records(by_fd[fd], chunk)
+                        except Exception as e:
+                            self._fail(by_fd[fd], f"its report could not be handled: {type(e).__name__}: {e}")
+            try:
+                self._poll_releases()
+            except Exception as e:  # a device error: no receive slot of this rank can be released
+                with self.cond:
+                    for dg in self.roles:
+                        if not dg.send:
+                            self._fail(dg, f"polling its device copies failed: {type(e).__name__}: {e}")
             with self.cond:
                 self._declare_due()
                 if ready:
@@ -285,9 +310,13 @@ class DelegatePool:
             if kind == wire.MSG:
                 dg.arrived[a] = (b, c, d, t)
             elif kind == wire.NEWSEG:
-                seg = Segment(f"{dg.prefix}d{a}", b, c, create=False)
-                self._prepare_segment(seg)
-                dg.segments[a] = seg
+                seg = Segment(f"{dg.prefix}d{a}", b, c, create=False, where=f"{self.where}: {dg.describe()}")
+                dg.segments[a] = seg  # closed with the others, readied or not
+                try:
+                    self._prepare_segment(seg)
+                except CudaCallError as e:  # names rank, link and call already
+                    if dg.error is None:
+                        self._declare(dg, DelegateError(str(e)))
             elif kind == wire.READY:
                 dg.ready = True
             elif kind == wire.ERROR and dg.sign is None:
@@ -326,17 +355,26 @@ class DelegatePool:
             if dg.exited and dg.sign[0] != what and "record pipe" not in dg.sign[0]:
                 what = f"{dg.sign[0]} and {what}"
             pid = f" (pid {dg.pid})" if dg.pid else ""
-            dg.error = DelegateError(f"{self.where}: {dg.describe()}{pid} {what}")
-            if self.closing:
-                continue
-            if self.first_error is None:
-                self.first_error = dg.error
-            logger.warning("titan_morph: %s", dg.error)
-            for listener in list(self._listeners):
-                try:
-                    listener(dg.link, dg.direction, dg.error)
-                except Exception:  # a listener's bug must not stop the reports
-                    logger.exception("titan_morph: delegate failure listener failed")
+            self._declare(dg, DelegateError(f"{self.where}: {dg.describe()}{pid} {what}"))
+
+    def _fail(self, dg: DelegateEnd, why: str) -> None:
+        """Declare ``dg`` failed by this process's own doing (under ``cond``); its delegate lives on."""
+        if dg.error is None:
+            self._declare(dg, DelegateError(f"{self.where}: {dg.describe()}: {why}"))
+
+    def _declare(self, dg: DelegateEnd, error: DelegateError) -> None:
+        """Record ``dg``'s failure and report it (log, listeners) unless the pool is closing."""
+        dg.error = error
+        if self.closing:
+            return
+        if self.first_error is None:
+            self.first_error = error
+        logger.warning("titan_morph: %s", error)
+        for listener in list(self._listeners):
+            try:
+                listener(dg.link, dg.direction, error)
+            except Exception:  # a listener's bug must not stop the reports
+                logger.exception("titan_morph: delegate failure listener failed")
 
     # -- failures -----------------------------------------------------------------------------
     def add_listener(self, listener: Listener) -> None:
@@ -396,9 +434,21 @@ class DelegatePool:
             reader.join(2 * READ_POLL_S + 2.0)
         # a delegate that failed earlier was reported then (its traffic moved, or the job stops)
         undelivered = [dg.describe() for dg in self.roles if dg.send and dg.exit_code != 0 and dg.error is None]
+        # a device copy still queued would read or write an unmapped page: drain them first, or leave
+        # the mappings to the process's exit (the files are unlinked below either way)
+        drained = self._drain_copies(max(0.5, deadline - time.monotonic()))
+        if not drained:
+            logger.warning(
+                "titan_morph: %s: device copies into or out of the delegates' shared memory still queued "
+                "after the close bound: segments left mapped until the process exits",
+                self.where,
+            )
         for dg in self.roles:
-            for seg in dg.segments.values():
-                seg.close()
+            for seg in dg.segments.values() if drained else ():
+                try:
+                    seg.close()
+                except CudaCallError as e:
+                    logger.warning("titan_morph: %s", e)
             for fd in (dg.cmd_w, dg.out_r):
                 try:
                     os.close(fd)

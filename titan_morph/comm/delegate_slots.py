@@ -23,6 +23,7 @@ from titan_morph.comm import delegate_worker as wire
 from titan_morph.comm.delegate_pool import DelegateEnd, DelegateError, DelegatePool
 from titan_morph.comm.records import CommTimeoutError, MessageRecord
 from titan_morph.comm.shm import CONSUMED, FILLED, FREED, NBYTES, READY, Segment, layout, pack, unpack
+from titan_morph.comm.waits import poll_until
 
 __all__ = ["Completion", "DeferredReleases", "Placed", "RecvHandle", "SendHandle", "SlotPath"]
 
@@ -135,6 +136,7 @@ class SlotPath:
         self.clock, self.pool, self.slots, self.device = clock, pool, slots, device
         self.releases = DeferredReleases()
         self._cuda_stream: torch.cuda.Stream | None = None
+        self._copies: deque[Completion] = deque()  # send side: device→host copies into slots, in issue order
 
     def prepare_segment(self, seg: Segment) -> None:
         """Fault a new segment's pages in and, for a CUDA device, page-lock it: once, when it is made."""
@@ -145,7 +147,8 @@ class SlotPath:
     def _segment_for(self, dg: DelegateEnd, nbytes: int) -> int:
         seg_id = dg.by_size.get(nbytes)
         if seg_id is None:
-            seg = Segment(f"{dg.prefix}t{len(dg.by_size)}", nbytes, self.slots, create=True)
+            where = f"{self.clock.where()}: {dg.describe()}"
+            seg = Segment(f"{dg.prefix}t{len(dg.by_size)}", nbytes, self.slots, create=True, where=where)
             self.prepare_segment(seg)
             seg_id = dg.by_size[nbytes] = len(dg.by_size)
             dg.segments[seg_id], dg.cursor[seg_id] = seg, 0
@@ -173,6 +176,7 @@ class SlotPath:
         event = None
         if any(t.is_cuda for t in tensors):
             event = self._cuda_pack(seg, slot, tensors, offsets, local + 1)  # FILLED: stream-ordered, last
+            self._track_copy(event)
         else:
             pack(seg.slot(slot), tensors, offsets)
         dg.cursor[seg_id] += 1
@@ -247,6 +251,30 @@ class SlotPath:
                     )
                 cond.wait(min(remaining, 0.5))
             return dg.arrived.pop(local)
+
+    # -- in-flight device copies -------------------------------------------------------------------
+    def _track_copy(self, event: Completion) -> None:
+        """Keep the send copy's event until it completed (pruned from the oldest on every send)."""
+        copies = self._copies
+        while copies and copies[0].query():
+            copies.popleft()
+        copies.append(event)
+
+    def copies_pending(self) -> int:
+        """Device copies into or out of the slots not yet known complete (send and receive side)."""
+        while self._copies and self._copies[0].query():
+            self._copies.popleft()
+        return len(self._copies) + self.releases.pending()
+
+    def drain(self, bound_s: float) -> bool:
+        """Wait (polling, at most ``bound_s``) until no device copy still reads or writes a slot, so
+        the segments can be unmapped; False when some did not complete in time."""
+
+        def drained() -> bool:
+            self.releases.poll()  # a receive slot's copy that completed is released on the way
+            return self.copies_pending() == 0
+
+        return poll_until(drained, time.monotonic() + bound_s)
 
     # -- CUDA -----------------------------------------------------------------------------------
     def _cuda_pack(

@@ -38,6 +38,12 @@ whose peer never issues the send gives up after its consumer waited ``down_grace
 model says is down (its gloo receive stays posted; the peer's later placeholder, if any, completes
 it).
 
+One stream per peer pair. On NCCL a pair's sends and receives run on one stream in posting order,
+and receives posted at once ahead of sends released later could hold each other up on both ranks:
+over plain torch P2P on NCCL the emulator therefore moves the bytes on one 2-rank group per (link,
+direction) (:class:`~titan_morph.comm.pairs.LinkGroups`), where each stream carries one direction in
+message order; ``auto``'s default path below it does the same on NCCL.
+
 Time base: all ranks share ``epoch`` (the pipeline's common clock, :mod:`titan_morph.comm.clock`); times
 handed to the link model are ms since the epoch, and step-keyed traces read :attr:`step`.
 
@@ -58,14 +64,16 @@ import threading
 import time
 from collections import deque
 
+import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
 from titan_morph.comm.emulator_notices import NoticeBoard
 from titan_morph.comm.emulator_recv import RecvHandle, RecvWatcher
+from titan_morph.comm.pairs import one_stream_per_pair
 from titan_morph.comm.records import CommTimeoutError, MessageBook, MessageRecord, UndeliveredError
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
-from titan_morph.comm.transport import DefaultPathOnly, Handle, Transport, group_by_link
+from titan_morph.comm.transport import DefaultPathOnly, Handle, TorchTransport, Transport, group_by_link
 from titan_morph.pipelining.links import LinkDownError, LinkModel, LinkQueue
 
 __all__ = ["EmulatedTransport"]
@@ -210,6 +218,7 @@ class _SendHandle:
 
 # Module-level: the store namespace of the n-th emulator built in this process must match on every rank.
 _instances = itertools.count()
+_wires = itertools.count()  # the same for the per-direction groups of emulators on NCCL
 
 
 class EmulatedTransport(DefaultPathOnly, MessageBook, Transport):
@@ -264,6 +273,8 @@ class EmulatedTransport(DefaultPathOnly, MessageBook, Transport):
         super().__init__(
             stage=stage, num_stages=num_stages, group=group, epoch=epoch, record=record, max_records=max_records
         )
+        if type(inner) is TorchTransport and one_stream_per_pair(self.group):
+            inner = self._direction_wire(timeouts, store)
         self.inner, self.links, self.depth = inner, links, depth
         self.timeouts = timeouts
         self.down_grace_s, self.poll_s = float(down_grace_s), float(poll_s)
@@ -280,6 +291,25 @@ class EmulatedTransport(DefaultPathOnly, MessageBook, Transport):
         self._issue_hint: tuple[float, float] | None = None
         self._last_issue: dict[tuple[int, str], float] = {}
         self._close_at_exit()
+
+    def _direction_wire(self, timeouts: CommTimeouts, store: Store | None) -> Transport:
+        """torch's P2P on one group per (link, direction): on a backend with one stream per peer pair
+        (NCCL) a receive posted at once would otherwise queue ahead of the delayed send that its own
+        peer waits for, on both ranks (module docstring: receives post at once, sends later)."""
+        from titan_morph.comm.pairs import LinkGroups, LinkTransport
+
+        device = torch.device("cuda", torch.cuda.current_device())
+        groups = LinkGroups(
+            stage=self.stage,
+            num_stages=self.num_stages,
+            store=store,
+            namespace=f"emu/{self._group_name}/{next(_wires)}",
+            backend="nccl",
+            timeouts=timeouts,
+            device=device,
+            split_directions=True,
+        )
+        return LinkTransport(groups, group=self.group, epoch=self.epoch)
 
     @property
     def closed(self) -> bool:

@@ -16,7 +16,7 @@ import time
 from datetime import timedelta
 
 from titan_morph.comm.failover_router import Router
-from titan_morph.comm.pairs import LinkGroups, PairGroup
+from titan_morph.comm.pairs import LinkGroups, LinkWire
 from titan_morph.comm.records import MessageBook
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class Prober:
     def __init__(self, router: Router, pairs: LinkGroups | None, recover_probes: int, probe_interval_s: float) -> None:
         self.router, self.pairs = router, pairs
         self.recover_probes, self.probe_interval_s = recover_probes, probe_interval_s
-        self._ready: dict[int, tuple[int, PairGroup]] = {}  # link -> (probe attempt, group): probes agreed
+        self._ready: dict[int, tuple[int, LinkWire]] = {}  # link -> (probe attempt, group): probes agreed
 
     def start(self, link: int, gen: int) -> None:
         """Probe ``link``'s default path (failed as of ``gen``) on a thread, where it can be re-made."""
@@ -46,7 +46,7 @@ class Prober:
         assert pairs is not None
         peer = link + 1 if link == router.stage else link
         good, attempt = 0, 0
-        kept: PairGroup | None = None
+        kept: LinkWire | None = None
         timeout = min(PROBE_TIMEOUT_S, router.timeouts.train_s)
         while True:
             time.sleep(self.probe_interval_s)

@@ -13,17 +13,27 @@ re-creates them (``probe``) and, for tests and the ``[morph.inject] mode = "brea
 breaks one for real (:meth:`PairGroup.break_`): on gloo it shuts down the group's connected
 sockets (as a pulled cable would), so both ends see gloo's own "Connection closed" errors; on NCCL
 it aborts the communicator.
+
+On NCCL (paper §5.3: titan_morph's failover must act before NCCL does) each link has one group per
+direction, so a peer pair's sends and receives never share a stream (the link emulator releases
+sends late, from another thread: on one stream a receive queued first would hold the send that
+completes it, on both ranks); waits poll completion against the ``[comm]`` bound and never block the
+host (:mod:`titan_morph.comm.waits`); a group's own NCCL timeout is well beyond that bound
+(:func:`nccl_timeout_s`) and its watchdog only cleans up a failed communicator
+(:data:`NCCL_PAIR_ENV`), so the process lives on and titan_morph's timeout, abort and failover come
+first; probes exchange tensors on the group's device, from a thread on the rank's device.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -32,17 +42,57 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 
+from titan_morph.comm.devices import bind_device
 from titan_morph.comm.records import MessageRecord
 from titan_morph.comm.system import fd_targets
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 from titan_morph.comm.transport import Handle, TorchTransport, classify_op
+from titan_morph.comm.waits import poll_until
 
-__all__ = ["BreakPlan", "LinkFailedError", "LinkGroups", "LinkTransport", "PairGroup"]
+__all__ = ["NCCL_PAIR_ENV", "BreakPlan", "LinkFailedError", "LinkGroups", "LinkTransport", "LinkWire", "PairGroup"]
 
 logger = logging.getLogger(__name__)
 
 STORE_PREFIX = "titan_morph/links"
 _create_lock = threading.Lock()  # group creation: one at a time, so its new sockets are its own
+
+
+# ProcessGroupNCCL reads these when a group is made: 2 = CleanUpOnly (a timed-out or failed
+# communicator is aborted, the process is not killed: the default 3 would end the rank before the
+# failover can move the link), and no blocking waits (the host must never wait inside NCCL).
+NCCL_PAIR_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "TORCH_NCCL_BLOCKING_WAIT": "0"}
+
+
+def nccl_timeout_s(bound_s: float) -> float:
+    """A pair group's own NCCL timeout for waits bounded by ``bound_s``: twice the bound plus a
+    minute, so titan_morph's bound always expires (and the failover acts) before NCCL's watchdog."""
+    return 2.0 * bound_s + 60.0
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` while a group is made (under ``_create_lock``), then restored."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def _nccl_group(store: Store, index: int, timeout_s: float, device: torch.device | None) -> Any:
+    """A 2-rank ProcessGroupNCCL whose watchdog lets titan_morph's own bound act first."""
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = timedelta(seconds=nccl_timeout_s(timeout_s))
+    with _environ(NCCL_PAIR_ENV):
+        pg = dist.ProcessGroupNCCL(store, index, 2, opts)
+    if device is not None:
+        pg.eager_connect_single_device(device)
+    return pg
 
 
 class LinkFailedError(RuntimeError):
@@ -79,18 +129,20 @@ class PairGroup:
         self.backend = backend
         self.broken = ""
         prefixed = PrefixStore(f"{namespace}/{link}/{tag}", store)
-        timeout = timedelta(seconds=timeout_s)
+        self.device = device if backend == "nccl" else None
         with _create_lock:
             before = _sockets()
             if backend == "nccl":
-                opts = dist.ProcessGroupNCCL.Options()
-                opts._timeout = timeout
-                self.pg: Any = dist.ProcessGroupNCCL(prefixed, index, 2, opts)
-                if device is not None:
-                    self.pg.eager_connect_single_device(device)
+                self.pg: Any = _nccl_group(prefixed, index, timeout_s, device)
             else:
-                self.pg = dist.ProcessGroupGloo(prefixed, index, 2, timeout)
+                self.pg = dist.ProcessGroupGloo(prefixed, index, 2, timedelta(seconds=timeout_s))
             self._fds = [fd for fd, inode in _sockets().items() if before.get(fd) != inode]
+
+    @property
+    def polls(self) -> bool:
+        """Whether waits poll completion (NCCL) rather than block in a bounded ``wait`` (gloo, whose
+        receives report completion only from ``wait``)."""
+        return self.backend == "nccl"
 
     def send(self, tensor: torch.Tensor) -> Any:
         return self.pg.send([tensor], self.peer, 0)
@@ -99,7 +151,13 @@ class PairGroup:
         return self.pg.recv([tensor], self.peer, 0)
 
     def set_timeout(self, seconds: float) -> None:
-        self.pg._set_default_timeout(timedelta(seconds=seconds))
+        """Waits on this group are bounded by ``seconds`` (NCCL: its own timeout stays beyond them)."""
+        own = nccl_timeout_s(seconds) if self.backend == "nccl" else seconds
+        self.pg._set_default_timeout(timedelta(seconds=own))
+
+    def tensor(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` where this group's backend can carry them (the group's device on NCCL)."""
+        return values if self.device is None else values.to(self.device)
 
     def break_(self, why: str) -> None:
         """Fail this group for real, now: every pending and later operation on it errors on both ends."""
@@ -137,10 +195,60 @@ class BreakPlan:
         return link in self.links and step >= self.start_step and (self.end_step == 0 or step <= self.end_step)
 
 
+class LinkWire:
+    """The default path of one link: one group for both directions (gloo), or one per direction
+    (NCCL: each stream then carries one direction only, so no delayed send can queue behind a
+    receive it completes). ``tag`` names the generation (``0``, ``probe3.1``...)."""
+
+    def __init__(self, fwd: PairGroup, bwd: PairGroup | None = None) -> None:
+        self.fwd, self.bwd = fwd, bwd if bwd is not None else fwd
+        self.tag, self.index, self.link = fwd.tag, fwd.index, fwd.link
+
+    @property
+    def split(self) -> bool:
+        return self.fwd is not self.bwd
+
+    @property
+    def groups(self) -> tuple[PairGroup, ...]:
+        return (self.fwd, self.bwd) if self.split else (self.fwd,)
+
+    def group(self, direction: str) -> PairGroup:
+        """The group that carries ``direction`` (``fwd``: activations up, ``bwd``: gradients down)."""
+        return self.fwd if direction == "fwd" else self.bwd
+
+    @property
+    def broken(self) -> str:
+        return next((g.broken for g in self.groups if g.broken), "")
+
+    def set_timeout(self, seconds: float) -> None:
+        for g in self.groups:
+            g.set_timeout(seconds)
+
+    def break_(self, why: str) -> None:
+        for g in self.groups:
+            g.break_(why)
+
+
+GroupFactory = Callable[[int, str, int, float], PairGroup]
+"""How :class:`LinkGroups` makes one group: (link, tag, group index, timeout s) -> group."""
+
+
+def _wait_work(group: PairGroup, work: Any, bound_s: float) -> None:
+    """Wait ``work`` of ``group`` at most ``bound_s`` without blocking the host inside NCCL."""
+    if not group.polls:
+        work.wait(timedelta(seconds=max(1e-3, bound_s)))  # 0 would mean the group's own
+        return
+    if not poll_until(work.is_completed, time.monotonic() + bound_s):
+        raise TimeoutError(f"not completed within {bound_s:.3g} s")
+    work.wait()  # complete: raises its error, or orders the current stream after it
+
+
 class LinkGroups:
     """This rank's per-link default-path groups (links ``stage-1`` and ``stage``), made in link order.
 
-    Collective between neighbouring ranks: every pipeline rank constructs one, in the same order."""
+    Collective between neighbouring ranks: every pipeline rank constructs one, in the same order.
+    ``split_directions``: one group per direction (None: on NCCL, see the module docstring);
+    ``make_group``: how one group is made (tests pass a fake backend's)."""
 
     def __init__(
         self,
@@ -153,27 +261,50 @@ class LinkGroups:
         timeouts: CommTimeouts = DEFAULT_TIMEOUTS,
         device: torch.device | None = None,
         breaks: BreakPlan | None = None,
+        split_directions: bool | None = None,
+        make_group: GroupFactory | None = None,
     ) -> None:
         self.stage, self.num_stages = stage, num_stages
-        self.store = store if store is not None else dist.distributed_c10d._get_default_store()
         self.namespace = f"{STORE_PREFIX}/{namespace}"
-        self.backend, self.timeouts, self.device, self.breaks = backend, timeouts, device, breaks
+        self.backend, self.timeouts, self.breaks = backend, timeouts, breaks
+        self.device = torch.device(device) if device is not None else None
+        self.split = backend == "nccl" if split_directions is None else split_directions
+        if make_group is None:
+            base = store if store is not None else dist.distributed_c10d._get_default_store()
+            make_group = self._pair_factory(base)
+        self._make_group = make_group
         self.step = 0
-        self.rank = dist.get_rank()
+        self.rank = dist.get_rank() if dist.is_initialized() else stage
         self.links = [link for link in (stage - 1, stage) if 0 <= link < num_stages - 1]
         self._groups = {link: self._make(link, "0", timeouts.init_s) for link in self.links}
         self._lock = threading.Lock()
 
+    def _pair_factory(self, store: Store) -> GroupFactory:
+        def make(link: int, tag: str, index: int, timeout_s: float) -> PairGroup:
+            return PairGroup(
+                store, self.namespace, link, tag, index, backend=self.backend, timeout_s=timeout_s, device=self.device
+            )
+
+        return make
+
     def where(self) -> str:
         return f"stage {self.stage} (rank {self.rank})"
 
-    def _make(self, link: int, tag: str, timeout_s: float) -> PairGroup:
+    def _make(self, link: int, tag: str, timeout_s: float) -> LinkWire:
         index = 0 if link == self.stage else 1
-        return PairGroup(
-            self.store, self.namespace, link, tag, index, backend=self.backend, timeout_s=timeout_s, device=self.device
-        )
+        if not self.split:
+            return LinkWire(self._make_group(link, tag, index, timeout_s))
+        fwd = self._make_group(link, f"{tag}-fwd", index, timeout_s)
+        try:
+            bwd = self._make_group(link, f"{tag}-bwd", index, timeout_s)
+        except BaseException:
+            fwd.break_("its other direction could not be made")
+            raise
+        wire = LinkWire(fwd, bwd)
+        wire.tag = tag
+        return wire
 
-    def group(self, link: int) -> PairGroup:
+    def group(self, link: int) -> LinkWire:
         return self._groups[link]
 
     def set_step(self, step: int) -> None:
@@ -191,37 +322,54 @@ class LinkGroups:
         return self.breaks is not None and link + 1 == self.stage and self.breaks.active(link, step)
 
     def break_link(self, link: int, why: str) -> None:
-        """Tear the link's group down on this side (the peer's operations on it fail at once too)."""
+        """Tear the link's group(s) down on this side (the peer's operations on them fail at once too)."""
         self._groups[link].break_(why)
 
-    def probe(self, link: int, attempt: str, timeout_s: float) -> PairGroup | None:
-        """Make a fresh group for ``link`` and exchange one small tensor each way on it; the group when
-        that worked (both ends must call this with the same ``attempt``), else None."""
+    def probe(self, link: int, attempt: str, timeout_s: float) -> LinkWire | None:
+        """Make fresh group(s) for ``link`` and exchange one small tensor each way on each, on the
+        group's device; the link's new default path when that worked (both ends must call this with
+        the same ``attempt``), else None. Runs on the rank's device (a prober thread)."""
+        bind_device(self.device if self.backend == "nccl" else None)
         try:
-            group = self._make(link, f"probe{attempt}", timeout_s)
+            wire = self._make(link, f"probe{attempt}", timeout_s)
         except Exception as e:  # the peer did not come, or the network refused: a failed probe
-            logger.debug("titan_morph: probe %d of link %d: %s", attempt, link, e)
+            logger.debug("titan_morph: probe %s of link %d: %s", attempt, link, e)
             return None
         if self.breaking(link, self.step):
-            group.break_(f"[morph.inject] break of link {link} (probe {attempt})")
+            wire.break_(f"[morph.inject] break of link {link} (probe {attempt})")
         ours = torch.full((4,), float(zlib.crc32(attempt.encode()) % 65521))  # the same on both ends
-        theirs = torch.zeros(4)
         try:
-            works = [group.send(ours), group.recv(theirs)]
-            for w in works:
-                w.wait(timedelta(seconds=timeout_s))
+            for group in wire.groups:
+                mine, theirs = group.tensor(ours), group.tensor(torch.zeros(4))
+                # lower end sends first, upper end receives first: on one stream per pair (NCCL) both
+                # ends posting "send, then receive" would each wait for the other's receive
+                if group.index == 0:
+                    _wait_work(group, group.send(mine), timeout_s)
+                    _wait_work(group, group.recv(theirs), timeout_s)
+                else:
+                    _wait_work(group, group.recv(theirs), timeout_s)
+                    _wait_work(group, group.send(mine), timeout_s)
+                if not torch.equal(theirs.cpu(), ours):
+                    raise RuntimeError(f"probe payload {theirs.cpu().tolist()} != {ours.tolist()}")
         except Exception as e:
-            logger.debug("titan_morph: probe %d of link %d: %s", attempt, link, e)
-            group.break_("failed probe")
+            logger.debug("titan_morph: probe %s of link %d: %s", attempt, link, e)
+            wire.break_("failed probe")
             return None
-        return group if torch.equal(theirs, ours) else None
+        return wire
 
-    def replace(self, link: int, group: PairGroup) -> None:
-        """Carry the link's default path on ``group`` from now on (a probe's group; both ends)."""
+    def replace(self, link: int, wire: LinkWire) -> None:
+        """Carry the link's default path on ``wire`` from now on (a probe's; both ends)."""
         with self._lock:
-            old, self._groups[link] = self._groups[link], group
-        group.set_timeout(self.timeouts.for_step(self.step))
+            old, self._groups[link] = self._groups[link], wire
+        wire.set_timeout(self.timeouts.for_step(self.step))
         old.break_("replaced")
+
+
+def one_stream_per_pair(group: dist.ProcessGroup) -> bool:
+    """Whether ``group``'s point-to-point traffic between two ranks runs on one stream (NCCL): a
+    transport that posts a peer pair's operations out of the order both ranks agree on can then
+    deadlock, and must give each direction its own group (:class:`LinkGroups`)."""
+    return torch.cuda.is_available() and "nccl" in str(dist.get_backend(group)).lower()
 
 
 def _failure(
@@ -265,8 +413,9 @@ class _LinkHandle:
         bound = self.owner.timeouts.for_step(self.owner.groups.step) if timeout is None else timeout
         t0 = time.monotonic()
         try:
-            return bool(self.work.wait(timedelta(seconds=max(1e-3, bound))))  # 0 would mean the group's own
-        except Exception as e:  # gloo/NCCL errors and timeouts come as RuntimeError / DistError
+            _wait_work(self.group, self.work, bound)
+            return True
+        except Exception as e:  # gloo/NCCL errors and timeouts come as RuntimeError / DistError / TimeoutError
             took = time.monotonic() - t0
             raise _failure(self.owner.groups, self.group, self.link, self.direction, self.send, took, bound, e) from e
 
@@ -300,7 +449,7 @@ class LinkTransport(TorchTransport):
         handles: list[Handle] = super().batch_p2p(others, desc) if others else []
         for op in mine:
             lo = classify_op(op, self.stage, self.num_stages)
-            group = self.groups.group(lo.link)
+            group = self.groups.group(lo.link).group(lo.direction)
             try:
                 work = group.send(op.tensor) if lo.is_send else group.recv(op.tensor)
             except Exception as e:  # gloo refuses at once on a pair it already knows is closed

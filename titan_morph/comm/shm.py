@@ -41,6 +41,10 @@ FILLED = READY = 0  # written by the producer of the slot's data
 FREED = CONSUMED = 1  # written by its consumer
 NBYTES = 2  # payload size of the message in the slot (written before FILLED/READY)
 PAGE = mmap.PAGESIZE
+# cudaHostRegisterPortable: the page-locked range is usable from every CUDA context of the process,
+# not only the one current on the registering thread (the reader thread and the training thread
+# may differ in which context they made current first)
+HOST_REGISTER_PORTABLE = 0x01
 # cudaError_t values a host registration can return (names as in CUDA's driver_types.h)
 CUDA_ERRORS = {
     1: "cudaErrorInvalidValue",
@@ -54,8 +58,21 @@ CUDA_ERRORS = {
 }
 
 
+DEFAULT_SLOTS = 8  # slots per ring: messages a delegate can hold in flight per direction
+
+
 def align(n: int, to: int = ALIGN) -> int:
     return (n + to - 1) // to * to
+
+
+def header_bytes(nslots: int) -> int:
+    """Bytes of a segment's flag words (whole pages)."""
+    return align(nslots * FLAG_WORDS * 8, 4096)
+
+
+def segment_bytes(slot_bytes: int, nslots: int) -> int:
+    """Size of a segment of ``nslots`` slots for messages of ``slot_bytes`` bytes (its file in /dev/shm)."""
+    return header_bytes(nslots) + nslots * align(max(int(slot_bytes), 1))
 
 
 def layout(tensors: Sequence[torch.Tensor]) -> tuple[list[int], int]:
@@ -95,16 +112,17 @@ def unpack(
 class Segment:
     """A named shared-memory ring of ``nslots`` slots of ``slot_bytes`` each, plus flag words."""
 
-    def __init__(self, name: str, slot_bytes: int, nslots: int, *, create: bool) -> None:
+    def __init__(self, name: str, slot_bytes: int, nslots: int, *, create: bool, where: str = "") -> None:
         if not name.startswith(PREFIX):
             raise ValueError(f"shared-memory segment names must start with {PREFIX!r}, got {name!r}")
         if nslots < 1:
             raise ValueError(f"a segment needs >= 1 slot, got {nslots}")
         self.name, self.slot_bytes, self.nslots = name, int(slot_bytes), int(nslots)
+        self.where = where  # rank and link, for the errors of the CUDA calls on this segment
         self.path = os.path.join(SHM_DIR, name)
         self.stride = align(max(self.slot_bytes, 1))
-        self.header = align(nslots * FLAG_WORDS * 8, 4096)
-        self.size = self.header + nslots * self.stride
+        self.header = header_bytes(nslots)
+        self.size = segment_bytes(self.slot_bytes, nslots)
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = os.open(self.path, flags, 0o600)
         try:
@@ -150,32 +168,48 @@ class Segment:
             int(pages.sum())
 
     # -- CUDA ------------------------------------------------------------------------------
+    def _named(self, call: str) -> str:
+        return f"{self.where + ': ' if self.where else ''}{call} of shared-memory segment {self.name} ({self.size} B)"
+
     def pin(self) -> None:
-        """Page-lock the mapping for CUDA (``cudaHostRegister``) so device↔host copies are async DMA.
+        """Page-lock the mapping for CUDA (``cudaHostRegister``, portable) so device↔host copies are
+        async DMA from whichever thread and context issues them.
 
         A failed registration also sets CUDA's last error, which the next kernel-launch check would
         report as its own: it is cleared here, and the error is raised by name."""
         if self._pinned:
             return
-        rc = int(torch.cuda.cudart().cudaHostRegister(self.data.data_ptr(), self.size, 0))  # type: ignore[no-untyped-call]
+        rc = int(torch.cuda.cudart().cudaHostRegister(self.data.data_ptr(), self.size, HOST_REGISTER_PORTABLE))  # type: ignore[no-untyped-call]
         if rc != 0:
             clear_cuda_error()
-            raise RuntimeError(
-                f"cudaHostRegister of shared-memory segment {self.name} ({self.size} B) failed: "
-                f"{cuda_error_name(rc)} ({rc})"
-                + (": this host memory is already page-locked (registered twice?)" if rc == 712 else "")
+            raise CudaCallError(
+                self._named("cudaHostRegister"),
+                rc,
+                ": this host memory is already page-locked (registered twice?)" if rc == 712 else "",
             )
         self._pinned = True
 
+    def unpin(self) -> None:
+        """Undo :meth:`pin` (``cudaHostUnregister``); a failure is raised by name, and the segment
+        counts as unpinned either way (a second unregister could only fail again)."""
+        if not self._pinned:
+            return
+        self._pinned = False
+        rc = int(torch.cuda.cudart().cudaHostUnregister(self.data.data_ptr()))  # type: ignore[no-untyped-call]
+        if rc != 0:
+            clear_cuda_error()
+            raise CudaCallError(self._named("cudaHostUnregister"), rc)
+
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
-        """Unmap (best effort: views handed out keep the mapping alive until collected)."""
-        if self._pinned:
-            try:
-                torch.cuda.cudart().cudaHostUnregister(self.data.data_ptr())  # type: ignore[no-untyped-call]
-            except Exception:
-                pass
-            self._pinned = False
+        """Unpin and unmap (best effort: views handed out keep the mapping alive until collected).
+        The caller drains the device copies into and out of the segment first; a failed
+        ``cudaHostUnregister`` is raised (:class:`CudaCallError`) after the mapping is released."""
+        error: CudaCallError | None = None
+        try:
+            self.unpin()
+        except CudaCallError as e:
+            error = e
         self._flag_tensor = None
         self.data = None  # type: ignore[assignment]
         try:
@@ -183,12 +217,23 @@ class Segment:
             self._mm.close()
         except (BufferError, ValueError):
             pass
+        if error is not None:
+            raise error
 
     def unlink(self) -> None:
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+class CudaCallError(RuntimeError):
+    """A CUDA runtime call that returned an error: ``what`` names rank, link and call; ``code`` is
+    the ``cudaError_t``."""
+
+    def __init__(self, what: str, code: int, hint: str = "") -> None:
+        super().__init__(f"{what} failed: {cuda_error_name(code)} ({code}){hint}")
+        self.code = code
 
 
 def _libcudart() -> ctypes.CDLL | None:

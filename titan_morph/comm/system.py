@@ -31,6 +31,7 @@ __all__ = [
     "process_table",
     "segments_in_use",
     "set_process_name",
+    "shm_free_bytes",
     "shm_segments",
     "signal_group",
     "signal_process",
@@ -214,6 +215,16 @@ def shm_segments(prefix: str = SHM_PREFIX) -> set[str]:
         return {n for n in os.listdir(SHM_DIR) if n.startswith(prefix)}
     except OSError:
         return set()
+
+
+def shm_free_bytes(path: str = SHM_DIR) -> int | None:
+    """Bytes an unprivileged process can still allocate in ``path`` (a tmpfs: pages written to a
+    segment beyond this end in SIGBUS, not in an error); None when it cannot be read."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return int(st.f_bavail) * int(st.f_frsize)
 
 
 def segments_in_use() -> set[str]:

@@ -24,6 +24,7 @@ import time
 
 from titan_morph.config import ConfigError, Settings
 from titan_morph.integration.jobconfig import config_file_of, load, without_config_file
+from titan_morph.integration.shm_space import check_shm_space
 from titan_morph.integration.supervisor import TRAIN_MODULE, supervise_main, torchrun_args
 
 __all__ = ["EXIT_BAD_CONFIG", "check_devices", "check_log_ranks", "loss_rank", "main", "run"]
@@ -79,11 +80,12 @@ def _ranks_option(nproc: str | None) -> int | None:
 def run(config_file: str, overrides: list[str], *, nproc: int | None = None, log_rank: str = "") -> int:
     """``./run_train.sh``: check, then replace this process by the supervisor of torchrun (so the
     memory of the check's imports is not held during training). Returns only on a bad config."""
-    _, settings = load(config_file, overrides, ranks=nproc)
+    job_config, settings = load(config_file, overrides, ranks=nproc)
     n = settings.world_size
     import torch
 
     check_devices(n, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    check_shm_space(job_config, settings)
     if log_rank:
         check_log_ranks(log_rank, n)
     shown = log_rank or str(loss_rank(settings, n))

@@ -1,0 +1,206 @@
+"""The delegates' CUDA paths on fakes (no GPU): portable, checked host registration; the reader
+thread on the rank's device and surviving its own errors; copies drained before unmapping; the
+/dev/shm check before any rank starts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from titan_morph.comm import delegate_pool, shm
+from titan_morph.comm import delegate_worker as wire
+from titan_morph.comm.delegate_pool import DelegateEnd, DelegatePool
+from titan_morph.comm.delegate_slots import SlotPath
+from titan_morph.comm.shm import CudaCallError, Segment
+
+
+class FakeCudart:
+    def __init__(self, register: int = 0, unregister: int = 0) -> None:
+        self.rc = {"register": register, "unregister": unregister}
+        self.calls: list[tuple] = []
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
+        self.calls.append(("register", size, flags))
+        return self.rc["register"]
+
+    def cudaHostUnregister(self, ptr: int) -> int:
+        self.calls.append(("unregister",))
+        return self.rc["unregister"]
+
+
+@pytest.fixture
+def cudart(monkeypatch):
+    fake = FakeCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    monkeypatch.setattr(shm, "clear_cuda_error", lambda: 0)
+    return fake
+
+
+def _segment(tag: str, where: str = "stage 1 (rank 1): receive delegate #0 of link 0") -> Segment:
+    return Segment(f"titan_morph_test_{tag}_{os.getpid()}", 256, 2, create=True, where=where)
+
+
+def test_registration_is_portable_and_unregistration_is_checked_by_name(cudart) -> None:
+    seg = _segment("portable")
+    try:
+        seg.pin()
+        assert cudart.calls == [("register", seg.size, shm.HOST_REGISTER_PORTABLE)]
+        cudart.rc["unregister"] = 713
+        with pytest.raises(
+            CudaCallError,
+            match=r"stage 1 \(rank 1\): receive delegate #0 of link 0: cudaHostUnregister of shared-memory segment "
+            r".* failed: cudaErrorHostMemoryNotRegistered \(713\)",
+        ):
+            seg.close()
+        assert seg.data is None and not seg._pinned  # unmapped all the same
+    finally:
+        seg.unlink()
+
+
+def test_a_failed_registration_names_rank_link_and_call(cudart) -> None:
+    cudart.rc["register"] = 1
+    seg = _segment("badpin")
+    try:
+        with pytest.raises(CudaCallError, match=r"rank 1\).*link 0: cudaHostRegister .* cudaErrorInvalidValue \(1\)"):
+            seg.pin()
+    finally:
+        seg.close()
+        seg.unlink()
+
+
+class FakeEvent:
+    def __init__(self, polls_left: int) -> None:
+        self.polls_left = polls_left
+
+    def query(self) -> bool:
+        self.polls_left -= 1
+        return self.polls_left < 0
+
+
+def _clock() -> SimpleNamespace:
+    return SimpleNamespace(epoch=0.0, timeout_s=1.0, now_ms=lambda: 0.0, where=lambda: "stage 0 (rank 0)")
+
+
+def test_drain_waits_for_send_and_receive_copies_and_gives_up_at_the_bound() -> None:
+    path = SlotPath(_clock(), None, 2, torch.device("cpu"))  # type: ignore[arg-type]
+    released: list[int] = []
+    path._track_copy(FakeEvent(10**9))  # a send copy that never completes
+    path.releases.add(FakeEvent(3), lambda: released.append(1))
+    assert path.copies_pending() == 2
+    assert not path.drain(0.05)
+    assert released == [1]  # the receive copy completed and its slot was released on the way
+    path._copies.clear()
+    path._track_copy(FakeEvent(2))
+    assert path.drain(1.0) and path.copies_pending() == 0
+
+
+def _bare_pool(roles: list[DelegateEnd], *, device=None, drained: bool = True) -> DelegatePool:
+    """A pool without delegates: the trainer-side bookkeeping only (its constructor rendezvouses)."""
+    pool = DelegatePool.__new__(DelegatePool)
+    pool.stage, pool.num_stages, pool.where = 1, 2, "stage 1 (rank 1)"
+    pool.k, pool.slots, pool.strict = 1, 2, False
+    pool._prepare_segment = lambda seg: seg.pin()
+    pool._releases_pending, pool._poll_releases = (lambda: 0), (lambda: 0)
+    pool._drain_copies, pool.device = (lambda bound: drained), device
+    pool.cond = threading.Condition()
+    pool.closed = pool.closing = False
+    pool.first_error = None
+    pool._listeners = []
+    pool._root_exit, pool._status_r, pool._status_eof, pool._status_buf = None, None, False, b""
+    pool._reader = pool._master = pool.proc = None
+    pool.token, pool.prefix = "", f"titan_morph_test_pool_{os.getpid()}_"
+    pool.roles, pool.delegates = roles, {}
+    return pool
+
+
+def _end(prefix: str) -> DelegateEnd:
+    return DelegateEnd(0, "fwd", 0, False, prefix, 0, 0)
+
+
+def test_the_reader_runs_on_the_rank_device_and_a_failed_pin_fails_its_delegate_by_name(cudart, monkeypatch) -> None:
+    cudart.rc["register"] = 2
+    bound: list[tuple[str, object]] = []
+    monkeypatch.setattr(delegate_pool, "bind_device", lambda d: bound.append((threading.current_thread().name, d)))
+    prefix = f"titan_morph_test_rd{os.getpid()}_"
+    dg = _end(prefix)
+    pool = _bare_pool([dg], device=torch.device("meta"))
+    reports: list[str] = []
+    pool.add_listener(lambda link, d, err: reports.append(str(err)))
+    made = Segment(f"{prefix}d0", 128, 2, create=True)
+    reader = threading.Thread(target=pool._read_loop, name="reader", daemon=True)
+    reader.start()
+    try:
+        wire.write_record(dg.out_w, wire.NEWSEG, 0, 128, 2)
+        wire.write_record(dg.out_w, wire.MSG, 5, 0, 0, 128, 1.0)  # later reports are still read
+        deadline = time.monotonic() + 5
+        while (dg.error is None or 5 not in dg.arrived) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert bound == [("reader", torch.device("meta"))]
+        assert dg.error is not None and reader.is_alive()
+        assert "stage 1 (rank 1): receive delegate #0 of link 0 (fwd, peer stage 0)" in str(dg.error)
+        assert "cudaHostRegister" in str(dg.error) and "cudaErrorMemoryAllocation (2)" in str(dg.error)
+        assert reports == [str(dg.error)] and 5 in dg.arrived
+        with pytest.raises(delegate_pool.DelegateError, match="cudaHostRegister"):
+            pool.check(dg)
+    finally:
+        pool.closed, pool._status_eof = True, True
+        reader.join(5)
+        for fd in (dg.cmd_r, dg.cmd_w, dg.out_r, dg.out_w):
+            os.close(fd)
+        made.close()
+        made.unlink()
+
+
+def test_close_unmaps_only_after_the_device_copies_drained(cudart, caplog) -> None:
+    for drained in (False, True):
+        dg = _end(f"titan_morph_test_cl{os.getpid()}_")
+        seg = _segment(f"close{drained}")
+        seg.pin()
+        cudart.rc["unregister"] = 4 if drained else 0
+        dg.segments[0] = seg
+        pool = _bare_pool([dg], drained=drained)
+        with caplog.at_level(logging.WARNING, logger="titan_morph.comm.delegate_pool"):
+            pool.stop(0.1, drain=False)
+        try:
+            if drained:
+                assert seg.data is None
+                assert "cudaHostUnregister" in caplog.text and "stage 1 (rank 1)" in caplog.text
+            else:
+                assert seg.data is not None and seg._pinned  # still mapped: a queued copy may touch it
+                assert "still queued after the close bound" in caplog.text
+        finally:
+            seg.unlink()
+            for fd in (dg.cmd_r, dg.out_w):
+                os.close(fd)
+        caplog.clear()
+
+
+def test_the_shm_check_names_the_size_and_how_to_raise_it(monkeypatch, capsys) -> None:
+    from titan_morph.integration import launcher, shm_space
+    from titan_morph.integration.jobconfig import load
+
+    job, settings = load("train_configs/debug_cpu.toml", ["--morph.transport", "auto"])
+    message = shm_space.message_bytes(job, settings)
+    assert message is not None and message > 0
+    needed = shm_space.delegate_shm_bytes(settings, message)
+    rings = settings.num_links * 4 * settings.morph.delegates_per_link * settings.dp_degree
+    assert needed == rings * shm.segment_bytes(message, shm.DEFAULT_SLOTS)
+    shm_space.check_shm_space(job, settings, free=needed)  # fits: nothing to say
+    with pytest.raises(
+        Exception, match=r"need .* in /dev/shm .* but only 1.0 KiB is free: raise it \(docker run --shm-size="
+    ):
+        shm_space.check_shm_space(job, settings, free=1024)
+    _, default = load("train_configs/debug_cpu.toml", ["--morph.transport", "default"])
+    assert shm_space.delegate_shm_bytes(default, message) == 0
+
+    monkeypatch.setattr(shm_space, "shm_free_bytes", lambda: 1024)
+    monkeypatch.setattr(launcher.os, "execv", lambda *a: pytest.fail("a rank was started"))
+    code = launcher.main(["run", "train_configs/debug_cpu.toml", "--morph.transport", "delegate"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: [morph] transport = 'delegate'")

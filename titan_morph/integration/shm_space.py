@@ -1,0 +1,76 @@
+"""Room in /dev/shm for the delegated data plane, checked before any rank starts (paper §5.1).
+
+Each delegate keeps one shared-memory ring per message size: ``slots`` copies of a microbatch's
+activations (or gradients). A tmpfs that runs out does not fail the write, it kills the writer with
+SIGBUS mid-step, and containers mount /dev/shm with 64 MiB unless told otherwise; the 8B example
+needs about 0.5 GB per ring. So the launcher sizes the rings of every rank on this host and refuses
+to start when they do not fit, naming the size and how to raise it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from titan_morph.comm.shm import DEFAULT_SLOTS, segment_bytes
+from titan_morph.comm.system import SHM_DIR, shm_free_bytes
+from titan_morph.config import ConfigError, Settings
+
+__all__ = ["check_shm_space", "delegate_shm_bytes", "message_bytes"]
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def message_bytes(job_config: Any, settings: Settings) -> int | None:
+    """Bytes of one pipeline message (a microbatch's activations: microbatch x seq_len x dim), in the
+    dtype the stages exchange (FSDP's ``mixed_precision_param`` when it shards, else float32);
+    None when the model's width cannot be found (a model titan_morph does not know)."""
+    try:
+        from torchtitan.protocols.train_spec import get_train_spec
+
+        from titan_morph.integration.train_spec import register
+
+        register()
+        dim = int(get_train_spec(job_config.model.name).model_args[job_config.model.flavor].dim)
+        seq_len = int(job_config.training.seq_len)
+    except Exception:
+        return None
+    shards = settings.job.data_parallel_shard_degree != 1
+    dtype = str(job_config.training.mixed_precision_param) if shards else "float32"
+    return settings.job.microbatch_size * seq_len * dim * _DTYPE_BYTES.get(dtype, 4)
+
+
+def delegate_shm_bytes(settings: Settings, message: int, slots: int = DEFAULT_SLOTS) -> int:
+    """/dev/shm bytes of every delegate ring of the job on one host: per link, per direction and per
+    delegate one ring on each end (the sender's trainer and the receiver's delegate), per pipeline
+    replica; 0 when no delegate can run (``default`` transport, one stage)."""
+    if settings.morph.transport not in ("delegate", "auto") or settings.num_links == 0:
+        return 0
+    rings = settings.num_links * 2 * 2 * settings.morph.delegates_per_link * settings.dp_degree
+    return rings * segment_bytes(message, slots)
+
+
+def check_shm_space(job_config: Any, settings: Settings, free: int | None = None) -> None:
+    """:class:`ConfigError` when the delegates' rings of this job would not fit in /dev/shm's free
+    space (``free``: that space, read from the system when None)."""
+    message = message_bytes(job_config, settings)
+    if message is None:
+        return
+    needed = delegate_shm_bytes(settings, message)
+    free = shm_free_bytes() if free is None else free
+    if needed == 0 or free is None or needed <= free:
+        return
+    morph = settings.morph
+    raise ConfigError(
+        f"[morph] transport = {morph.transport!r}: the delegates' shared-memory rings need {_size(needed)} in "
+        f"{SHM_DIR} ({settings.num_links} link(s) x 2 directions x 2 ends x {morph.delegates_per_link} delegate(s) "
+        f"x {settings.dp_degree} replica(s), {DEFAULT_SLOTS} slots of {_size(message)} each) but only {_size(free)} "
+        f"is free: raise it (docker run --shm-size={-(-needed // 2**30) + 1}g, or "
+        f"mount -o remount,size={-(-needed // 2**30) + 1}G {SHM_DIR}) or use [morph] transport = 'default'"
+    )
