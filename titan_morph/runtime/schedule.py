@@ -45,6 +45,8 @@ from titan_morph.runtime.metrics import (
     predicted_ms,
     record_metrics,
 )
+from titan_morph.runtime.optime import CLOCK_CODES, OpSpan, OpTimer
+from titan_morph.runtime.optime import op_timer as make_op_timer
 from titan_morph.runtime.records import StepRecord
 from titan_morph.runtime.summary import StepHistory, StepPoint
 from titan_morph.runtime.testbed import DeviceClock
@@ -97,6 +99,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
         monitor: detection and re-planning, fed by the per-step exchange (None: measure only).
         device_clock: the testbed's clock of this stage, when its ops are padded (op times are then
             device times, as CUDA events would measure them).
+        op_timer: the clock of the op times (:mod:`.optime`; None: the testbed's device clock when
+            given, CUDA events on a GPU stage, else host times).
         exchange: the per-step exchange (None: a :class:`StepExchange` over the pipeline's ranks;
             DP x PP passes one over the whole world, :class:`~titan_morph.runtime.hybrid.HybridExchange`).
     """
@@ -115,6 +119,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         monitor: Monitor | None = None,
         device_clock: DeviceClock | None = None,
         exchange: StepExchange | None = None,
+        op_timer: OpTimer | None = None,
         **kwargs: Any,
     ) -> None:
         per_rank = plan.model.stages_per_rank
@@ -144,6 +149,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self.transport: Transport = transport
         self.monitor = monitor
         self.device_clock = device_clock
+        self.op_timer: OpTimer = op_timer if op_timer is not None else make_op_timer(device_clock, stage.device)
+        self._per_stage = per_rank > 1
         self.plan: Plan = plan
         self.planned_depth = planned_depth
         self.predict = predict
@@ -227,6 +234,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         out = record_metrics(rec, self.plan, self.plan_changes, self.planned_bubble_rate)
         out.update(pipeline_metrics(self.profiles, self.pp_group_size))
         out["morph/monitor_ms"] = self.monitor_ms
+        out["morph/op_clock"] = CLOCK_CODES[self.op_timer.clock]
         if isinstance(self._exchange, MetricsSource):  # e.g. the DP x PP exchange's topology figures
             out.update(self._exchange.tensorboard_metrics(step))
         if self.monitor is not None:
@@ -263,9 +271,9 @@ class MorphSchedule(_PipelineScheduleRuntime):
 
     # --------------------------------------------------------------- timing
     def _instrument(self, stage: Any, *, per_stage: bool = False) -> None:
-        """Wrap one of this rank's stages' compute calls with a monotonic clock (per-op records;
-        ``per_stage``: also per stage, for a rank that runs several)."""
-        clock = self.device_clock
+        """Time one of this rank's stages' compute calls on the op clock (per-op records; ``per_stage``:
+        also per stage, for a rank that runs several)."""
+        timer = self.op_timer
 
         def wrap(name: str, kind: str) -> None:
             inner = getattr(stage, name)
@@ -274,22 +282,16 @@ class MorphSchedule(_PipelineScheduleRuntime):
                 rec = self._current
                 if rec is None:
                     return inner(mb_index, *args, **kwargs)
-                start = time.monotonic()
+                token = timer.begin()
                 out = inner(mb_index, *args, **kwargs)
-                end = time.monotonic()
                 op_kind = kind
                 if name == "backward_one_chunk" and not kwargs.get("full_backward", True):
                     op_kind = "I"
-                if clock is not None:  # the op's device time, what a CUDA event pair would measure
-                    start, end = clock.last_begin, clock.device_end
-                took = (end - start) * 1e3
-                rec.compute_ms[op_kind] = rec.compute_ms.get(op_kind, 0.0) + took
-                rec.op_ms.append((op_kind, mb_index, start, end))
-                if per_stage:
-                    kinds = rec.stage_compute.setdefault(stage.stage_index, {})
-                    total, count = kinds.get(op_kind, (0.0, 0))
-                    kinds[op_kind] = (total + took, count + 1)
-                self._produced_at = end
+                span = timer.end(token, op_kind, mb_index, stage.stage_index)
+                if span is not None:
+                    self._add_span(rec, span)
+                # a send leaves after its producing op: its device end where known now, else the launch
+                self._produced_at = span.end_s if span is not None else time.monotonic()
                 return out
 
             # on this stage instance only: torch's schedules call these methods by name, with no hook around them
@@ -298,10 +300,21 @@ class MorphSchedule(_PipelineScheduleRuntime):
         for name, kind in _TIMED_METHODS.items():
             wrap(name, kind)
 
+    def _add_span(self, rec: StepRecord, span: OpSpan) -> None:
+        took = span.ms
+        rec.compute_ms[span.kind] = rec.compute_ms.get(span.kind, 0.0) + took
+        rec.op_ms.append((span.kind, span.mb, span.start_s, span.end_s))
+        if self._per_stage:
+            kinds = rec.stage_compute.setdefault(span.stage, {})
+            total, count = kinds.get(span.kind, (0.0, 0))
+            kinds[span.kind] = (total + took, count + 1)
+
     def _step_microbatches(self, *args: Any, **kwargs: Any) -> Any:
         record = StepRecord(self._steps, self.plan.plan_id, 0.0, self.planned_makespan_ms)
         self.transport.set_step(self._steps + 1)  # TorchTitan counts steps from 1
         self._current = record
+        record.op_clock = self.op_timer.clock
+        self.op_timer.start_step()
         start = time.monotonic()
         try:
             with use_transport(_TimedSends(self)):
@@ -309,6 +322,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
         finally:
             self._current = None
         end = time.monotonic()
+        for span in self.op_timer.collect():  # a deferred clock's spans (CUDA: the step before's ops)
+            self._add_span(record, span)
         record.start_s = start
         record.iteration_ms = (end - start) * 1e3
         record.op_ms = [(k, mb, (s - start) * 1e3, (e - start) * 1e3) for k, mb, s, e in record.op_ms]
