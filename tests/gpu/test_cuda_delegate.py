@@ -8,7 +8,8 @@ Skipped without CUDA. Checked (correctness and ordering, no timings; the figures
 * a delayed send returns on the host before its delivery (the sender is never held by the link);
 * a receive behind a busy device queue returns on the host before its copy has run (no
   ``synchronize``), and the slot is released once it has;
-* ``auto`` fails a link over to the delegates mid-run with CUDA tensors, nothing lost.
+* ``auto`` fails a link whose NCCL default path is torn down over to the delegates mid-run with
+  CUDA tensors, nothing lost (two GPUs: NCCL cannot pair two ranks on one; gloo P2P is CPU-only).
 """
 
 from __future__ import annotations
@@ -165,33 +166,47 @@ def test_a_delayed_send_returns_before_delivery_and_unpack_does_not_wait_for_the
 
 
 def _failover(rank: int, world: int) -> dict:
-    import math
-
     import torch.distributed as dist
 
-    from titan_morph.comm import EmulatedTransport, TorchTransport, sync_clock
+    from titan_morph.comm import sync_clock
     from titan_morph.comm.delegate import DelegateTransport
     from titan_morph.comm.failover import FailoverTransport
-    from titan_morph.pipelining.links import TraceDelays, TraceEvent
+    from titan_morph.comm.pairs import BreakPlan, LinkGroups, LinkTransport
+    from titan_morph.comm.timeouts import CommTimeouts
 
-    links = TraceDelays(1, (TraceEvent(3, 0, math.inf),), key="step")  # link 0 down from step 3 on
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
     epoch = sync_clock().epoch
-    primary = EmulatedTransport(TorchTransport(), links, stage=rank, num_stages=world, depth=2, epoch=epoch)
-    delegate = DelegateTransport(stage=rank, num_stages=world, links=links, epoch=epoch, strict=False, device="cuda:0")
+    timeouts = CommTimeouts.fixed(60.0)
+    # the default path really carries the CUDA tensors: NCCL, one group per direction of link 0,
+    # torn down for real (the communicator aborted) from step 3 on
+    pairs = LinkGroups(
+        stage=rank,
+        num_stages=world,
+        namespace="gpu-failover",
+        backend="nccl",
+        timeouts=timeouts,
+        device=device,
+        breaks=BreakPlan(frozenset({0}), 3, 0),
+    )
+    primary = LinkTransport(pairs, epoch=epoch)
+    delegate = DelegateTransport(
+        stage=rank, num_stages=world, epoch=epoch, timeouts=timeouts, strict=False, device=device
+    )
     bad = []
     mine, theirs, peer = ("fwd", "bwd", 1) if rank == 0 else ("bwd", "fwd", 0)
-    with FailoverTransport(primary, delegate, stage=rank, num_stages=world) as tr:
+    with FailoverTransport(primary, delegate, stage=rank, num_stages=world, pairs=pairs, timeouts=timeouts) as tr:
         for step in range(1, 6):
             tr.set_step(step)
-            bufs = [torch.empty(64, 64, device="cuda") for _ in range(3)]
+            bufs = [torch.empty(64, 64, device=device) for _ in range(3)]
             recvs = [tr.batch_p2p([dist.P2POp(dist.irecv, b, peer)])[0] for b in bufs]
             sends = []
             for i in range(3):
-                t = _tensor(step * 10 + i + (100 if mine == "bwd" else 0), "float32", (64, 64))
+                t = _tensor(step * 10 + i + (100 if mine == "bwd" else 0), "float32", (64, 64), str(device))
                 sends += tr.batch_p2p([dist.P2POp(dist.isend, t, peer)])
             for i, h in enumerate(recvs):
                 h.wait(60.0)
-                expect = _tensor(step * 10 + i + (100 if theirs == "bwd" else 0), "float32", (64, 64))
+                expect = _tensor(step * 10 + i + (100 if theirs == "bwd" else 0), "float32", (64, 64), str(device))
                 if not torch.equal(bufs[i], expect):
                     bad.append(f"step {step} message {i}")
             for h in sends:
@@ -200,6 +215,11 @@ def _failover(rank: int, world: int) -> dict:
         return {"bad": bad, "failovers": tr.failovers, "routed": sorted(tr.routed)}
 
 
-def test_auto_fails_over_mid_run_with_cuda_tensors() -> None:
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2,
+    reason="the default path must carry CUDA tensors for real: gloo point-to-point is CPU-only, and NCCL "
+    "cannot pair two ranks on one GPU, so this needs two GPUs",
+)
+def test_auto_fails_over_mid_run_with_cuda_tensors_on_nccl() -> None:
     for r in run_ranks(_failover, 2, timeout=240):
         assert not r["bad"] and r["failovers"] == 2 and r["routed"] == [(0, "bwd"), (0, "fwd")], r
