@@ -4,6 +4,7 @@ generator's own timeline, the zero-transmit identity, and PipeMorph against the 
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Sequence
@@ -175,3 +176,78 @@ def test_pipemorph_within_two_percent_of_the_optimum(tau: float) -> None:
     # ZB-H2 (planned for no delay) is far off: the table's last column.
     zb = build("zb-h2", model.with_transmit(0.0))
     assert makespan(model, zb.orders) == {15.0: 840.0, 20.0: 920.0, 25.0: 1010.0, 30.0: 1100.0}[tau]
+
+
+def _stage_orders(n: int, cap: int) -> list[tuple[Op, ...]]:
+    """Every order of one stage's ops (F < I < W per microbatch, at most ``cap`` in flight)."""
+    out: list[tuple[Op, ...]] = []
+
+    def extend(prefix: tuple[Op, ...], done: list[int], live: int) -> None:
+        if len(prefix) == 3 * n:
+            out.append(prefix)
+            return
+        for m in range(n):
+            k = done[m]
+            if k == 3 or (k == 0 and live >= cap):
+                continue
+            done[m] += 1
+            extend((*prefix, Op("FIW"[k], m)), done, live + (k == 0) - (k == 1))
+            done[m] -= 1
+
+    extend((), [0] * n, 0)
+    return out
+
+
+def brute_force(model: CostModel) -> float:
+    """The best makespan over every combination of valid stage orders, by the executor above."""
+    per_stage = [_stage_orders(model.microbatches, model.budget(s)) for s in range(model.stages)]
+    best = math.inf
+    for orders in itertools.product(*per_stage):
+        try:
+            best = min(best, execute(model, orders))
+        except AssertionError:  # deadlock
+            continue
+    return best
+
+
+def _tiny() -> list[CostModel]:
+    rng = random.Random(7)
+    out = [CostModel.uniform(2, 2, 1, 1, 1, transmit=10)]  # the wire's load is the whole story: 35
+    for stages, memory in ((2, None), (2, (1, 1)), (3, None), (3, (2, 1, 1)), (2, None), (3, None)):
+
+        def times(k: int = stages) -> tuple[float, ...]:
+            return tuple(float(rng.randint(1, 8)) for _ in range(k))
+
+        delays = tuple(float(rng.choice((0, rng.randint(1, 10)))) for _ in range(stages - 1))
+        transmit = tuple(float(rng.randint(3, 12)) for _ in range(stages - 1))
+        out.append(CostModel(stages, 2, times(), times(), times(), delays, memory, transmit=transmit))
+    return out
+
+
+TINY = _tiny()
+
+
+def test_the_wire_load_bound_is_attained_by_hand() -> None:
+    """S = 2, N = 2, F = I = W = 1, transmit 10: the forward wire sends at 1 and 11 (last arrival
+    21), then F, I, a 10 ms gradient and I, W on stage 0: 35 = 1 + 2·10 + 14, the bound; the
+    per-stage bounds alone (the wire's cost once per hop) give less."""
+    from titan_morph.pipelining.exact import lower_bound_ms
+
+    assert brute_force(TINY[0]) == 35.0 == lower_bound_ms(TINY[0])
+
+
+@pytest.mark.parametrize("idx", range(len(TINY)))
+def test_exact_no_overlap_model_equals_the_brute_force(idx: int) -> None:
+    """CP-SAT with each wire a no-overlap resource in issue order finds the brute force's optimum,
+    without the closed-form bounds and with them; the bounds stay below it."""
+    pytest.importorskip("ortools", reason="exact.py needs OR-Tools (dev dependency)")
+    from titan_morph.pipelining.exact import lower_bound_ms, optimal_makespan
+
+    model = TINY[idx]
+    best = brute_force(model)
+    free = optimal_makespan(model, time_limit_s=20, use_bound=False, use_default_hint=False)
+    assert free.optimal and free.makespan == best, (free, best)
+    assert execute(model, free.orders) == best
+    assert lower_bound_ms(model) <= best
+    bounded = optimal_makespan(model, time_limit_s=20)
+    assert bounded.optimal and bounded.makespan == best

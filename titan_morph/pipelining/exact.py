@@ -22,6 +22,14 @@ last rank's local hop), and the memory bound M_r covers both stages of rank r.
 Links are FIFO, but with a static delay per link and one sending rank per direction, deliveries
 already arrive in issue order, so FIFO adds no constraint.
 
+Bandwidth (``model.transmit``, :mod:`links`): a link with a transmit time tau is a no-overlap
+resource per direction. Each message crossing it gets an interval of length tau that starts at or
+after its producer ends; its consumer starts at or after the interval's end + latency; and the
+wire sends in issue order: for every two messages on one wire, one Boolean orders both their
+producers (on the one sending rank) and their intervals. Hence an optimum of this model is the best
+makespan the simulator gives any orders under the same model (a brute force checks it on tiny
+instances). Transmit 0 adds nothing: the delay-only model as before.
+
 Integer time: every duration/delay is multiplied by ``scale`` (the smallest of 1, 2, 4, 5, 10, 20,
 100, 1000 that makes them all integers; e.g. instances on a 0.5 ms grid get scale 2). If none does,
 the times are scaled by 1000 and rounded *down*: the integer problem is then a relaxation, so its
@@ -131,6 +139,47 @@ def _rank_bounds(
     return out
 
 
+def _link_bounds(
+    model: CostModel,
+    fwd: Sequence[float],
+    bwd: Sequence[float],
+    wgt: Sequence[float],
+    hop_c: Sequence[float],
+    hop_tau: Sequence[float],
+) -> list[float]:
+    """Valid lower bounds from each wire's load (bandwidth model): a wire sends its K messages one
+    at a time, so the last one finishes >= the earliest any of them can be produced + K·tau; then
+    its latency and the least work that follows a message of that wire until the iteration ends."""
+    last = model.stages - 1
+    hop = [c + t for c, t in zip(hop_c, hop_tau)]  # the least a message of hop s takes
+    head = [0.0] * model.stages  # earliest start of F on stage s
+    for s in range(1, model.stages):
+        head[s] = head[s - 1] + fwd[s - 1] + hop[s - 1]
+    back = head[last] + fwd[last]  # earliest end of I on stage s, from the last stage down
+    i_end = [0.0] * model.stages
+    for s in range(last, -1, -1):
+        back += bwd[s]
+        i_end[s] = back
+        if s > 0:
+            back += hop[s - 1]
+    all_back = sum(bwd) + sum(hop) + wgt[0]  # the I chain of a microbatch and its W on stage 0
+    wires: dict[tuple[int, int], list[tuple[float, float, float]]] = {}  # (earliest, tail, tau)
+    route_f, route_b = model.routes()
+    for s in range(model.stages):
+        rf, rb = route_f[s], route_b[s]
+        if rf is not None and hop_tau[s] > 0:
+            rest = sum(fwd[s + 1 :]) + sum(hop[s + 1 : last]) + all_back
+            wires.setdefault(rf, []).append((head[s] + fwd[s], hop_c[s] + rest, hop_tau[s]))
+        if rb is not None and hop_tau[s - 1] > 0:
+            rest = sum(bwd[:s]) + sum(hop[: s - 1]) + wgt[0]
+            wires.setdefault(rb, []).append((i_end[s], hop_c[s - 1] + rest, hop_tau[s - 1]))
+    n = model.microbatches
+    return [
+        min(e for e, _, _ in msgs) + n * sum(t for _, _, t in msgs) + min(tail for _, tail, _ in msgs)
+        for msgs in wires.values()
+    ]
+
+
 def lower_bound_ms(model: CostModel) -> float:
     """A closed-form lower bound on any schedule's makespan (no solver needed).
 
@@ -148,11 +197,30 @@ def lower_bound_ms(model: CostModel) -> float:
     unless ``optimal_makespan(..., use_bound=False)``, which the tests use to check them.
     With several stages per rank the bound is weaker: per rank, the earliest start of its first
     stage plus all of its work, and one microbatch's round trip through every stage and link.
+    Bandwidth: every c_j above becomes c_j + tau_j (a message takes at least both), and each wire's
+    load is a bound too (:func:`_link_bounds`: a link's transmit time per step bounds the step).
     """
+    hop_c = _hop_delays(model, model.delays)
+    hop_tau = _hop_delays(model, model.transmit)
+    return max(_all_bounds(model, model.fwd, model.bwd, model.wgt, hop_c, hop_tau))
+
+
+def _all_bounds(
+    model: CostModel,
+    fwd: Sequence[float],
+    bwd: Sequence[float],
+    wgt: Sequence[float],
+    hop_c: Sequence[float],
+    hop_tau: Sequence[float],
+) -> list[float]:
+    """Every closed-form bound of :func:`lower_bound_ms`, on the given (possibly integer) times."""
+    hop = [c + t for c, t in zip(hop_c, hop_tau)] if any(t > 0 for t in hop_tau) else list(hop_c)
     if model.stages_per_rank > 1:
-        return max(_rank_bounds(model, model.fwd, model.bwd, model.wgt, _hop_delays(model, model.delays)))
-    caps = [model.budget(s) for s in range(model.stages)]
-    return max(_stage_bounds(model.stages, model.microbatches, model.fwd, model.bwd, model.wgt, model.delays, caps))
+        out = _rank_bounds(model, fwd, bwd, wgt, hop)
+    else:
+        caps = [model.budget(s) for s in range(model.stages)]
+        out = _stage_bounds(model.stages, model.microbatches, fwd, bwd, wgt, hop, caps)
+    return out + _link_bounds(model, fwd, bwd, wgt, hop_c, hop_tau)
 
 
 def lower_bound_under(
@@ -327,17 +395,18 @@ def _solve(
     t_start = time.perf_counter()
     S, N = model.stages, model.microbatches
     kinds = ("F", "I", "W")
-    scale, rounded = _pick_scale([*model.fwd, *model.bwd, *model.wgt, *model.delays])
+    scale, rounded = _pick_scale([*model.fwd, *model.bwd, *model.wgt, *model.delays, *model.transmit])
 
     def q(v: float) -> int:
         return math.floor(v * scale + 1e-9) if rounded else round(v * scale)
 
     dur = {(s, k): q(model.duration(s, k)) for s in range(S) for k in kinds}
     delay = [q(c) for c in _hop_delays(model, model.delays)]  # per hop
+    tau = [q(t) for t in _hop_delays(model, model.transmit)]  # per hop; 0 = delay-only
     hint_times = _hint_times(model, hint_orders) if hint_orders is not None else None
 
     # Horizon: a fully serial schedule (one microbatch at a time) is always feasible.
-    serial = N * (sum(dur[(s, k)] for s in range(S) for k in kinds) + 2 * sum(delay))
+    serial = N * (sum(dur[(s, k)] for s in range(S) for k in kinds) + 2 * sum(delay) + 2 * sum(tau))
     horizon = serial
     if hint_times is not None and not rounded:
         horizon = min(horizon, round(max(e for _, e in hint_times.values()) * scale))
@@ -357,15 +426,39 @@ def _solve(
     mk = m.new_int_var(0, horizon, "makespan")
     for r in range(model.ranks):
         m.add_no_overlap(intervals[r])
+    # Messages on links with a transmit time: per wire, (producer op, transmission start).
+    route_f, route_b = model.routes()
+    wires: dict[tuple[int, int], list[tuple[tuple[int, str, int], cp_model.IntVar]]] = {}
+
+    def sent(route: tuple[int, int] | None, producer: tuple[int, str, int], size: int) -> cp_model.LinearExprT:
+        """When the producer's message has left the wire (latency not included): its end, or on a
+        link with a transmit time the end of its transmission interval, which starts after it."""
+        if route is None or size <= 0:
+            return end[producer]
+        x = m.new_int_var(0, horizon, f"tx{producer}")
+        m.add(x >= end[producer])
+        wires.setdefault(route, []).append((producer, x))
+        return x + size
+
     for s in range(S):
         for b in range(N):
             if s > 0:
-                m.add(start[(s, "F", b)] >= end[(s - 1, "F", b)] + delay[s - 1])
+                m.add(start[(s, "F", b)] >= sent(route_f[s - 1], (s - 1, "F", b), tau[s - 1]) + delay[s - 1])
             m.add(start[(s, "I", b)] >= end[(s, "F", b)])
             if s < S - 1:
-                m.add(start[(s, "I", b)] >= end[(s + 1, "I", b)] + delay[s])
+                m.add(start[(s, "I", b)] >= sent(route_b[s + 1], (s + 1, "I", b), tau[s]) + delay[s])
             m.add(start[(s, "W", b)] >= end[(s, "I", b)])
             m.add(mk >= end[(s, "W", b)])
+    for key, msgs in wires.items():  # one message at a time per wire, in issue order
+        width = tau[model.link_hops(key[0])[0]]
+        m.add_no_overlap([m.new_fixed_size_interval_var(x, width, f"wire{key}") for _, x in msgs])
+        for i, (p, xp) in enumerate(msgs):
+            for q_key, xq in msgs[i + 1 :]:
+                first = m.new_bool_var(f"{p}<{q_key}@wire{key}")
+                m.add(start[q_key] >= end[p]).only_enforce_if(first)
+                m.add(xq >= xp + width).only_enforce_if(first)
+                m.add(start[p] >= end[q_key]).only_enforce_if(~first)
+                m.add(xp >= xq + width).only_enforce_if(~first)
     for r in range(model.ranks):
         cap = model.budget(r)
         own = model.rank_stages(r)
@@ -378,11 +471,7 @@ def _solve(
             m.add_cumulative(live, [1] * len(live), cap)
     if use_bound:  # closed-form bounds (lower_bound_ms), on the integer durations
         fwd, bwd, wgt = ([dur[(s, k)] for s in range(S)] for k in kinds)
-        if model.stages_per_rank > 1:
-            bounds = _rank_bounds(model, fwd, bwd, wgt, delay)
-        else:
-            bounds = _stage_bounds(S, N, fwd, bwd, wgt, delay, [model.budget(s) for s in range(S)])
-        for b_s in bounds:
+        for b_s in _all_bounds(model, fwd, bwd, wgt, delay, tau):
             m.add(mk >= math.ceil(b_s))
     # Symmetry breaking (see module docstring).
     for b in range(N - 1):
