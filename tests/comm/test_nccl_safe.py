@@ -227,3 +227,16 @@ def test_nccl_pair_groups_time_out_after_titan_morph_and_only_clean_up(monkeypat
     group.pg, group.backend = pg, "nccl"
     group.set_timeout(10.0)
     assert seen["set"] > 10.0 + 30
+
+
+def test_torch_handles_on_nccl_poll_and_never_hand_nccl_a_timeout() -> None:
+    from titan_morph.comm.records import CommTimeoutError
+    from titan_morph.comm.transport import TorchHandle
+
+    fabric = Fabric()
+    pending = fabric.post("g", 0, False, torch.zeros(1))
+    with pytest.raises(CommTimeoutError, match="not completed within 0.05 s"):
+        TorchHandle(pending, (), poll=True).wait(0.05)
+    assert pending.waits == []
+    fabric.post("g", 1, True, torch.ones(1))
+    assert TorchHandle(pending, (), poll=True).wait(0.05) and pending.waits == [()]

@@ -68,6 +68,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
+from titan_morph.comm.devices import bind_device
 from titan_morph.comm.emulator_notices import NoticeBoard
 from titan_morph.comm.emulator_recv import RecvHandle, RecvWatcher
 from titan_morph.comm.pairs import one_stream_per_pair
@@ -139,6 +140,7 @@ class _Sender(threading.Thread):
 
     def run(self) -> None:
         owner = self.owner
+        bind_device(owner.device)
         while (batch := self._next_batch()) is not None:
             announce, due = batch
             # Due messages go to the wire first: a notice costs a store round trip, and a message
@@ -273,7 +275,9 @@ class EmulatedTransport(DefaultPathOnly, MessageBook, Transport):
         super().__init__(
             stage=stage, num_stages=num_stages, group=group, epoch=epoch, record=record, max_records=max_records
         )
-        if type(inner) is TorchTransport and one_stream_per_pair(self.group):
+        # the rank's device, for the link threads that issue and wait its NCCL operations
+        self.device = torch.device("cuda", torch.cuda.current_device()) if one_stream_per_pair(self.group) else None
+        if type(inner) is TorchTransport and self.device is not None:
             inner = self._direction_wire(timeouts, store)
         self.inner, self.links, self.depth = inner, links, depth
         self.timeouts = timeouts
@@ -298,7 +302,6 @@ class EmulatedTransport(DefaultPathOnly, MessageBook, Transport):
         peer waits for, on both ranks (module docstring: receives post at once, sends later)."""
         from titan_morph.comm.pairs import LinkGroups, LinkTransport
 
-        device = torch.device("cuda", torch.cuda.current_device())
         groups = LinkGroups(
             stage=self.stage,
             num_stages=self.num_stages,
@@ -306,7 +309,7 @@ class EmulatedTransport(DefaultPathOnly, MessageBook, Transport):
             namespace=f"emu/{self._group_name}/{next(_wires)}",
             backend="nccl",
             timeouts=timeouts,
-            device=device,
+            device=self.device,
             split_directions=True,
         )
         return LinkTransport(groups, group=self.group, epoch=self.epoch)

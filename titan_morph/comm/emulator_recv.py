@@ -14,8 +14,10 @@ import time
 from collections import deque
 from typing import Protocol
 
+import torch
 import torch.distributed as dist
 
+from titan_morph.comm.devices import bind_device
 from titan_morph.comm.emulator_notices import NoticeBoard
 from titan_morph.comm.records import CommTimeoutError, MessageRecord
 from titan_morph.comm.transport import Handle
@@ -32,6 +34,8 @@ class Receiver(Protocol):
     poll_s: float
     down_grace_s: float
     notices: NoticeBoard
+    device: torch.device | None
+    """The rank's CUDA device when the bytes move on NCCL (the watcher waits there), else None."""
 
     @property
     def links(self) -> LinkModel: ...
@@ -177,6 +181,7 @@ class RecvWatcher(threading.Thread):
             self.cond.notify()
 
     def run(self) -> None:
+        bind_device(self.owner.device)
         owner = self.owner
         while True:
             with self.cond:

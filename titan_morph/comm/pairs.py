@@ -47,7 +47,7 @@ from titan_morph.comm.records import MessageRecord
 from titan_morph.comm.system import fd_targets
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 from titan_morph.comm.transport import Handle, TorchTransport, classify_op
-from titan_morph.comm.waits import poll_until
+from titan_morph.comm.waits import on_nccl, poll_until
 
 __all__ = ["NCCL_PAIR_ENV", "BreakPlan", "LinkFailedError", "LinkGroups", "LinkTransport", "LinkWire", "PairGroup"]
 
@@ -369,7 +369,7 @@ def one_stream_per_pair(group: dist.ProcessGroup) -> bool:
     """Whether ``group``'s point-to-point traffic between two ranks runs on one stream (NCCL): a
     transport that posts a peer pair's operations out of the order both ranks agree on can then
     deadlock, and must give each direction its own group (:class:`LinkGroups`)."""
-    return torch.cuda.is_available() and "nccl" in str(dist.get_backend(group)).lower()
+    return on_nccl(group)
 
 
 def _failure(

@@ -10,10 +10,13 @@ no store traffic: a dict lookup and a record per message.
 Stamps (ms since ``epoch``): a send has ``issued = accepted`` = the call (torch queues it at once)
 and ``completed`` = its wait returned; a receive has ``issued`` = posted, ``waited`` = the consumer
 began waiting and ``completed`` = that wait returned. ``arrived`` stays None: gloo cannot report a
-receive before its wait, and on NCCL ``wait`` is stream-ordered (it returns once the receive is
-queued on the current stream, not when the data is there). A monitor therefore gets an exact
-delivery sample only from a receive the consumer was already blocked on when the data came;
-other receives bound the delay from above.
+receive before its wait. A monitor therefore gets an exact delivery sample only from a receive the
+consumer was already blocked on when the data came; other receives bound the delay from above.
+
+On NCCL a bounded wait polls the work's completion (:class:`~titan_morph.comm.transport.TorchHandle`),
+so ``completed`` is when the data was usable on this device, and a send from CUDA tensors also
+gets ``ready``: when its payload was ready on the sender's device
+(:mod:`titan_morph.comm.device_stamps`), so a busy sender queue is not read as a slow link.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ import time
 
 import torch.distributed as dist
 
+from titan_morph.comm.device_stamps import DeviceStamps, ReadyStamp
 from titan_morph.comm.records import MessageBook, MessageRecord
 from titan_morph.comm.transport import DefaultPathOnly, Handle, Transport, group_by_link
+from titan_morph.comm.waits import on_nccl
 
 __all__ = ["RecordedTransport"]
 
@@ -82,11 +87,18 @@ class RecordedTransport(DefaultPathOnly, MessageBook, Transport):
         epoch: float,
         record: bool = True,
         max_records: int = 200_000,
+        stamps: DeviceStamps | None = None,
     ) -> None:
         super().__init__(
             stage=stage, num_stages=num_stages, group=group, epoch=epoch, record=record, max_records=max_records
         )
         self.inner = inner
+        if stamps is None and on_nccl(self.group):
+            import torch
+
+            stamps = DeviceStamps(torch.device("cuda", torch.cuda.current_device()))
+        self.stamps = stamps
+        self._marks: list[tuple[MessageRecord, ReadyStamp]] = []
 
     def set_step(self, step: int) -> None:
         """The training step about to run, here and in ``inner`` (its timeouts, its injected breaks)."""
@@ -108,6 +120,9 @@ class RecordedTransport(DefaultPathOnly, MessageBook, Transport):
             for (link, d, send), mops in messages.items():
                 seq = self._next(self._send_seq if send else self._recv_seq, link, d)
                 recs[(link, d, send)] = self._new_record("send" if send else "recv", link, d, seq, mops)
+        if self.stamps is not None and any(send for (_, _, send) in recs):
+            mark = self.stamps.mark()  # the sends are ordered after everything queued so far
+            self._marks += [(rec, mark) for (_, _, send), rec in recs.items() if send]
         works = self.inner.batch_p2p(mine, desc)
         index = {id(op): i for i, op in enumerate(mine)} if len(works) == len(mine) else None
         for key, mops in messages.items():
@@ -119,11 +134,27 @@ class RecordedTransport(DefaultPathOnly, MessageBook, Transport):
             handles.append(_Handle(self, mops, rec, mw))
         return handles
 
+    def take_records(self) -> list[MessageRecord]:
+        """The records since the last call, sends stamped ``ready`` where the device has been seen past
+        their payload (a mark not stamped yet leaves ``ready`` None: the delay then runs from ``accepted``)."""
+        if self.stamps is not None:
+            self.stamps.poll()
+            left = []
+            for rec, mark in self._marks:
+                if mark.t_s is not None:
+                    rec.ready = (mark.t_s - self.epoch) * 1e3
+                elif rec.completed is None:
+                    left.append((rec, mark))
+            self._marks = left
+        return super().take_records()
+
     def blocked_ms(self) -> dict[int, float]:
         return {}  # torch queues every send at once
 
     def close(self, timeout: float | None = None, drain: bool = True) -> None:
-        """Close ``inner`` (no threads or resources of its own)."""
+        """Close ``inner`` (and the stamping thread; nothing else of its own)."""
+        if self.stamps is not None:
+            self.stamps.close()
         self.inner.close(timeout, drain)
 
     def __enter__(self) -> RecordedTransport:

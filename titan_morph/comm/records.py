@@ -47,7 +47,9 @@ class MessageRecord:
     plain torch.distributed), ``waited`` (the consumer began waiting for it), ``completed`` (the
     consumer's wait observed it: later than ``arrived`` whenever the consumer was busy).
 
-    Delivery delay of message ``seq`` = receiver ``arrived`` - sender ``accepted``; without an
+    Sender on CUDA: ``ready``, when the device had the payload (the producing work ended), where it
+    is known (:mod:`titan_morph.comm.device_stamps`).
+    Delivery delay of message ``seq`` = receiver ``arrived`` - sender ``max(accepted, ready)``; without an
     arrival stamp it is ``completed`` - ``accepted`` when the consumer was already waiting.
     ``path`` names the transport that carried it (``"emulated"``, ``"delegate"``, ``"torch"``);
     sequence numbers count per path and (link, direction), so a send matches its receive by
@@ -70,6 +72,7 @@ class MessageRecord:
     arrived: float | None = None
     waited: float | None = None
     completed: float | None = None
+    ready: float | None = None  # sender, CUDA: the payload was ready on the device (comm.device_stamps)
     status: str = "pending"  # pending | done | down | error
     path: str = ""
 

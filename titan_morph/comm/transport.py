@@ -23,7 +23,8 @@ from typing import Protocol, runtime_checkable
 import torch.distributed as dist
 from torch.distributed.pipelining import schedules as _schedules
 
-from titan_morph.comm.records import MessageRecord
+from titan_morph.comm.records import CommTimeoutError, MessageRecord
+from titan_morph.comm.waits import on_nccl, poll_until
 from titan_morph.pipelining.links import LinkModel
 
 # torch's own implementation, captured before anyone (use_transport) swaps the module attribute.
@@ -142,19 +143,25 @@ class TorchHandle:
     """Adapts a ``dist.Work`` to :class:`Handle` (timeout in seconds instead of a timedelta).
 
     Note: on gloo a receive wait that times out closes the pair to the peer, so a timeout here is
-    terminal for that peer, never a poll.
+    terminal for that peer, never a poll. On NCCL (``poll``) a bounded wait polls completion
+    instead (:mod:`titan_morph.comm.waits`): NCCL's own bounded wait would block the host and abort
+    the communicator itself.
     """
 
-    __slots__ = ("work", "ops")
+    __slots__ = ("work", "ops", "poll")
     record = None
     due_s = None
 
-    def __init__(self, work: dist.Work, ops: Sequence[dist.P2POp] = ()) -> None:
-        self.work, self.ops = work, ops
+    def __init__(self, work: dist.Work, ops: Sequence[dist.P2POp] = (), poll: bool = False) -> None:
+        self.work, self.ops, self.poll = work, ops, poll
 
     def wait(self, timeout: float | None = None) -> bool:
         if timeout is None:
             return bool(self.work.wait())
+        if self.poll:
+            if not poll_until(self.work.is_completed, time.monotonic() + timeout):
+                raise CommTimeoutError(f"point-to-point operation not completed within {timeout:.3g} s")
+            return bool(self.work.wait())  # complete: raises its error, or orders the current stream after it
         return bool(self.work.wait(datetime.timedelta(seconds=max(0.0, timeout))))
 
     def is_completed(self) -> bool:
@@ -207,9 +214,10 @@ class TorchTransport(DefaultPathOnly, Transport):
     def batch_p2p(self, ops: list[dist.P2POp], desc: str | None = None) -> list[Handle]:
         ops = list(ops)
         works = _torch_batch_p2p(ops, desc=desc)
+        poll = bool(ops) and on_nccl(ops[0].group)
         if len(works) == len(ops):
-            return [TorchHandle(w, (op,)) for w, op in zip(works, ops)]
-        return [TorchHandle(w, ops if i == 0 else ()) for i, w in enumerate(works)]  # coalesced (NCCL)
+            return [TorchHandle(w, (op,), poll) for w, op in zip(works, ops)]
+        return [TorchHandle(w, ops if i == 0 else (), poll) for i, w in enumerate(works)]  # coalesced (NCCL)
 
     def records(self) -> list[MessageRecord]:
         return []

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
-__all__ = ["poll_until"]
+__all__ = ["on_nccl", "poll_until"]
 
 POLL_FIRST_S = 20e-6
 POLL_MAX_S = 1e-3
@@ -42,3 +43,17 @@ def poll_until(
             return bool(done())
         sleep(min(delay, deadline - now))
         delay = min(2 * delay, max_s)
+
+
+def on_nccl(group: Any) -> bool:
+    """Whether ``group``'s point-to-point traffic runs on NCCL (CUDA present and an NCCL backend),
+    whose works report completion without ``wait`` and whose bounded ``wait`` blocks the host."""
+    import torch
+    import torch.distributed as dist
+
+    if group is None or not torch.cuda.is_available():
+        return False
+    try:
+        return "nccl" in str(dist.get_backend(group)).lower()
+    except (RuntimeError, ValueError):
+        return False

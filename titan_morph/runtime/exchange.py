@@ -67,6 +67,8 @@ def step_profile(record: StepRecord, stage: int, epoch: float) -> StepProfile:
             continue
         if msg.side == "send":
             accepted = msg.accepted if msg.accepted is not None else msg.issued
+            if msg.ready is not None:  # CUDA: the link starts when the sender's device had the payload
+                accepted = max(accepted, msg.ready)
             stamp = MessageStamp("send", msg.path, msg.link, msg.direction, msg.seq, accepted, ms(msg.planned))
         else:
             stamp = MessageStamp(
