@@ -9,9 +9,25 @@
 #
 # The configuration (TOML + overrides) is checked before any rank starts: a bad value is one line
 # "error: <key>: ..." on stderr and exit code 2. Ctrl-C stops every rank; nothing is left behind.
+#
+# TORCHTITAN=0.3.0 ./run_train.sh [overrides]: the same jobs on TorchTitan 0.3.0, in its own environment
+# (.venv-titan03). 0.3.0 has no TOML: CONFIG names a config function of titan_morph.configs (default
+# debug_cpu; CONFIG_FILE=train_configs/X.toml picks function X); the overrides and checks are the same.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [ -n "${TORCHTITAN:-}" ] && [ "${TORCHTITAN}" != "0.2.2" ]; then
+    cd "$ROOT"
+    # shellcheck source=scripts/ensure_venv.sh
+    source "$ROOT/scripts/ensure_venv.sh"
+    config="${CONFIG:-}"
+    [ -z "$config" ] && [ -n "${CONFIG_FILE:-}" ] && config="$(basename "$CONFIG_FILE" .toml)"
+    launch_opts=()
+    [ -n "${NGPU:-}" ] && launch_opts+=(--nproc "$NGPU")
+    [ -n "${LOG_RANK:-}" ] && launch_opts+=(--log-rank "$LOG_RANK")
+    exec "$VENV_PY" -m titan_morph.integration.titan03.launcher run ${launch_opts[@]+"${launch_opts[@]}"} \
+        "${config:-debug_cpu}" "$@"
+fi
 CONFIG_FILE="${CONFIG_FILE:-train_configs/debug_cpu.toml}"
 if [ -f "$CONFIG_FILE" ]; then
     CONFIG_FILE="$(cd "$(dirname "$CONFIG_FILE")" && pwd)/$(basename "$CONFIG_FILE")"

@@ -12,12 +12,27 @@
 # A stamp keyed on pyproject.toml, the Python version and the installed torch skips the whole step
 # when nothing changed.
 #
+# TORCHTITAN=0.3.0 selects TorchTitan 0.3.0's own environment (default VENV <repo>/.venv-titan03):
+# torch in 0.3.0's range (TORCH_SPEC default torch==2.14.1: its schedules take pre-split
+# microbatches, which 0.3.0's trainer passes), then torchtitan==0.3.0 with its requirements, then
+# titan_morph editable without its 0.2.2 pin (--no-deps) plus its other requirements and the dev
+# tools, read from pyproject.toml; torch is held at the installed version throughout.
+#
 # Inputs (env): VENV (default: <repo>/.venv), PYTHON (interpreter used to create it; default
-# python3), TORCH_SPEC, TORCH_CPU_INDEX_URL.
+# python3), TORCH_SPEC, TORCH_CPU_INDEX_URL, TORCHTITAN (unset, or 0.3.0).
 # Outputs: VENV (absolute), VENV_PY (its python).
 
 TM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${VENV:-$TM_ROOT/.venv}"
+case "${TORCHTITAN:-}" in
+    "" | 0.2.2) tm_titan="" ;;
+    0.3.0) tm_titan="0.3.0" ;;
+    *) echo "error: TORCHTITAN: '${TORCHTITAN}' is not one of 0.2.2, 0.3.0" >&2; exit 2 ;;
+esac
+if [ -n "$tm_titan" ]; then
+    VENV="${VENV:-$TM_ROOT/.venv-titan03}"
+else
+    VENV="${VENV:-$TM_ROOT/.venv}"
+fi
 PYTHON="${PYTHON:-python3}"
 
 if [ ! -x "$VENV/bin/python" ]; then
@@ -29,6 +44,7 @@ VENV_PY="$VENV/bin/python"
 
 # The torch requirement of pyproject.toml, e.g. torch>=2.13,<2.15.
 tm_torch_range="$(sed -n 's/^[[:space:]]*"\(torch[<>=!~][^"]*\)",*$/\1/p' "$TM_ROOT/pyproject.toml" | head -n 1)"
+[ -n "$tm_titan" ] && tm_torch_range="torch>=2.14,<2.15"  # TorchTitan 0.3.0's: pre-split microbatches
 
 tm_torch_in_range() {  # exit 0 when the venv's torch satisfies $tm_torch_range
     "$VENV_PY" - "$tm_torch_range" <<'EOF' 2>/dev/null
@@ -49,7 +65,7 @@ EOF
 
 tm_setup_key() {  # pyproject.toml + Python version + installed torch version; sets tm_torch_version
     tm_torch_version="$("$VENV_PY" -c 'from importlib.metadata import version; print(version("torch"))' 2>/dev/null || true)"
-    { cat "$TM_ROOT/pyproject.toml"; "$VENV_PY" -c 'import sys; print(sys.version)'; echo "$tm_torch_version"; } \
+    { cat "$TM_ROOT/pyproject.toml"; "$VENV_PY" -c 'import sys; print(sys.version)'; echo "$tm_torch_version$tm_titan"; } \
         | sha256sum | cut -c1-32
 }
 
@@ -61,10 +77,21 @@ if [ "$(cat "$tm_stamp" 2>/dev/null)" != "$tm_key" ]; then
         echo "[setup] keeping torch $tm_torch_version (in $tm_torch_range)" >&2
     else
         tm_spec="${TORCH_SPEC:-torch==2.13.0}"
+        [ -n "$tm_titan" ] && tm_spec="${TORCH_SPEC:-torch==2.14.1}"
         [ -n "$tm_torch_version" ] && echo "[setup] torch $tm_torch_version is not in $tm_torch_range" >&2
         if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
             echo "[setup] installing $tm_spec (CUDA machine) into $VENV" >&2
             "$VENV_PY" -m pip install --quiet "$tm_spec" || { echo "[setup] torch installation failed" >&2; exit 1; }
+        elif [ -n "$tm_titan" ]; then
+            # a CPU build where one is reachable (local wheels, then the CPU index, tried once); else the
+            # configured index's build, which runs on CPU too
+            echo "[setup] installing $tm_spec, CPU build if available (no CUDA found) into $VENV" >&2
+            "$VENV_PY" -m pip install --quiet --no-index --no-deps "$tm_spec" 2>/dev/null \
+                || "$VENV_PY" -m pip install --quiet --retries 0 --timeout 20 \
+                    --index-url "${TORCH_CPU_INDEX_URL:-https://download.pytorch.org/whl/cpu}" "$tm_spec" 2>/dev/null \
+                || { echo "[setup] no CPU build of $tm_spec reachable: installing the configured index's" >&2 \
+                    && "$VENV_PY" -m pip install --quiet "$tm_spec"; } \
+                || { echo "[setup] torch installation failed" >&2; exit 1; }
         else
             echo "[setup] installing $tm_spec, CPU build (no CUDA found) into $VENV" >&2
             "$VENV_PY" -m pip install --quiet --no-index --no-deps "$tm_spec" 2>/dev/null \
@@ -73,9 +100,28 @@ if [ "$(cat "$tm_stamp" 2>/dev/null)" != "$tm_key" ]; then
         fi
         tm_key="$(tm_setup_key)"
     fi
-    echo "[setup] installing titan_morph[dev] into $VENV" >&2
-    "$VENV_PY" -m pip install --quiet -e "$TM_ROOT[dev]" || { echo "[setup] installation failed" >&2; exit 1; }
+    if [ -n "$tm_titan" ]; then
+        tm_hold="$(mktemp)"
+        "$VENV_PY" -c 'from importlib.metadata import version; print("torch==" + version("torch"))' > "$tm_hold"
+        # titan_morph's requirements but TorchTitan and torch, and its dev tools
+        mapfile -t tm_reqs < <("$VENV_PY" -c '
+import re, sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+for req in [*project["dependencies"], *project["optional-dependencies"]["dev"]]:
+    if re.split(r"[<>=!~\[ ;]", req, maxsplit=1)[0].lower() not in ("torch", "torchtitan"):
+        print(req)
+' "$TM_ROOT/pyproject.toml")
+        echo "[setup] installing torchtitan==$tm_titan and titan_morph[dev] (editable, no 0.2.2 pin) into $VENV" >&2
+        "$VENV_PY" -m pip install --quiet -c "$tm_hold" "torchtitan==$tm_titan" "${tm_reqs[@]}" \
+            && "$VENV_PY" -m pip install --quiet --no-deps -e "$TM_ROOT" \
+            || { rm -f "$tm_hold"; echo "[setup] installation failed" >&2; exit 1; }
+        rm -f "$tm_hold"
+        unset tm_hold tm_reqs
+    else
+        echo "[setup] installing titan_morph[dev] into $VENV" >&2
+        "$VENV_PY" -m pip install --quiet -e "$TM_ROOT[dev]" || { echo "[setup] installation failed" >&2; exit 1; }
+    fi
     echo "$tm_key" > "$tm_stamp"
 fi
-unset tm_stamp tm_key tm_spec tm_torch_range tm_torch_version
+unset tm_stamp tm_key tm_spec tm_torch_range tm_torch_version tm_titan
 unset -f tm_torch_in_range tm_setup_key

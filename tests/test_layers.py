@@ -2,7 +2,8 @@
 
 Layers, lowest first: pipelining (the planner) -> comm (transports) -> monitor -> runtime ->
 config (the schema and its resolution, no TorchTitan) -> integration (TorchTitan glue, with the
-entry points ``titan_morph.train`` and ``titan_morph.launch``) -> compare. A module may import its
+entry points ``titan_morph.train`` and ``titan_morph.launch``, and ``titan_morph.configs``, TorchTitan 0.3.0's
+config functions) -> compare. A module may import its
 own layer and the ones below; every import counts, also those inside functions.
 """
 
@@ -17,7 +18,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "titan_morph"
 LAYERS = ("pipelining", "comm", "monitor", "runtime", "config", "integration", "compare", "netlab")
-ENTRY_POINTS = {"train": "integration", "launch": "integration"}
+ENTRY_POINTS = {"train": "integration", "launch": "integration", "configs": "integration"}
 PURE = ("pipelining", "monitor")  # no torch
 
 

@@ -1,0 +1,269 @@
+"""TorchTitan 0.3.0's job config, read once: ``--module M --config FN`` + overrides -> its
+``Trainer.Config`` -> titan_morph's :class:`~titan_morph.config.Settings`.
+
+The launcher (before any rank starts) and the trainer on every rank run the same checks in the same
+order, each problem one :class:`~titan_morph.config.ConfigError` line naming the key:
+
+1. the config function exists in the module (``titan_morph.configs`` by default);
+2. the overrides name known options, with valid choices and numbers (the options are read from the
+   config the function returns, so a subclass's fields, e.g. the dataloader's, count);
+3. TorchTitan's ``ConfigManager`` (tyro) builds the config;
+4. :func:`titan_morph.config.resolve` checks the settings titan_morph relies on and every ``morph``
+   option; for titan_morph's model the schedule name is checked too.
+
+0.3.0 hands ``pipelining_fn`` the config's sections, not the config: the trainer publishes its
+settings here (:func:`activate`) before it builds the model, and the pipelining function reads them
+(:func:`active_settings`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+from titan_morph.config import ConfigError, JobView, Settings, resolve
+from titan_morph.config.cli import check_overrides, expand_negated_flags
+from titan_morph.config.schema import Morph
+
+__all__ = [
+    "CONFIG_MODULE",
+    "MODEL_NAME",
+    "activate",
+    "active_settings",
+    "config_functions",
+    "job_view",
+    "load",
+    "module_and_function",
+    "option_fields_of",
+    "prepare_args",
+    "settings_of",
+]
+
+CONFIG_MODULE = "titan_morph.configs"
+"""The module ``--module`` names by default: titan_morph's config functions."""
+MODEL_NAME = "llama3_morph"
+"""The ``ModelSpec`` name of titan_morph's model (llama3, pipelined by titan_morph)."""
+
+_active: Settings | None = None
+
+
+def activate(settings: Settings) -> None:
+    """Publish the settings of the job this process trains (the trainer, before the model is built)."""
+    global _active
+    _active = settings
+
+
+def active_settings() -> Settings:
+    """The settings :func:`activate` published; a pipelining function called outside titan_morph's
+    trainer is one error naming it."""
+    if _active is None:
+        raise ConfigError(
+            "morph: titan_morph's pipelining runs under its trainer: return MorphTrainer.Config from the config"
+            f" function (see {CONFIG_MODULE})"
+        )
+    return _active
+
+
+def module_and_function(argv: Sequence[str]) -> tuple[str | None, str | None, list[str]]:
+    """``--module`` and ``--config`` of a command line (None when absent) and the other arguments."""
+    found: dict[str, str | None] = {"--module": None, "--config": None}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        key, eq, value = arg.partition("=")
+        if key in found:
+            if eq:
+                found[key] = value
+            elif i + 1 < len(argv):
+                found[key] = argv[i + 1]
+                i += 1
+            else:
+                raise ConfigError(f"{key[2:]}: {key} needs a value")
+        else:
+            rest.append(arg)
+        i += 1
+    return found["--module"], found["--config"], rest
+
+
+def _import_module(module: str) -> Any:
+    """The module ``--module`` names, as TorchTitan's ConfigManager finds it (``M.config_registry`` first)."""
+    for candidate in (f"{module}.config_registry", module):
+        try:
+            return importlib.import_module(candidate)
+        except ModuleNotFoundError as err:
+            if err.name is None or not candidate.startswith(err.name):
+                raise
+    raise ConfigError(f"module: {module!r} cannot be imported")
+
+
+def config_functions(module: Any) -> list[str]:
+    """The config functions a module offers: its public lower-case callables defined there."""
+    names = getattr(module, "__all__", None)
+    if names is None:
+        names = [n for n, v in vars(module).items() if callable(v) and getattr(v, "__module__", "") == module.__name__]
+    return sorted(n for n in names if not n.startswith("_") and n[:1].islower())
+
+
+def _base_config(module_name: str, function: str) -> Any:
+    module = _import_module(module_name)
+    fn = getattr(module, function, None)
+    offered = config_functions(module)
+    if not callable(fn) or function.startswith("_"):
+        raise ConfigError(f"config: {function!r} is not one of {', '.join(offered)} (module {module_name})")
+    return fn()
+
+
+def option_fields_of(config: Any, prefix: str = "") -> dict[str, Any]:
+    """Every leaf option of a config instance: dotted key -> field type. The values' own classes are
+    walked (a config function may set a subclass, e.g. a dataloader with a ``dataset`` field)."""
+    out: dict[str, Any] = {}
+    for f in fields(config):
+        if f.name.startswith("_"):
+            continue
+        value = getattr(config, f.name, None)
+        key = f"{prefix}{f.name}"
+        if is_dataclass(value) and not isinstance(value, type):
+            out.update(option_fields_of(value, key + "."))
+        else:
+            out[key] = f.type
+    return out
+
+
+def prepare_args(argv: Sequence[str], morph_options: dict[str, Any]) -> list[str]:
+    """``--morph.no-<flag>`` spelled ``--morph.<flag> false`` (titan_morph's booleans take a value)."""
+    return expand_negated_flags(argv, morph_options)
+
+
+@contextlib.contextmanager
+def _captured_output() -> Iterator[list[str]]:
+    """File descriptors 1 and 2 into a temporary file (tyro's messages, TorchTitan's log); the list
+    yielded receives the text when the block ends."""
+    sink: list[str] = []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 1)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield sink
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            tmp.seek(0)
+            sink.append(tmp.read().decode(errors="replace"))
+
+
+def _first_message(text: str) -> str:
+    """The first line of what tyro refused, box drawing removed."""
+    for raw in text.splitlines():
+        line = raw.strip().strip("│╭╮╰╯─ ").strip()
+        if line and not line.lower().startswith(("usage", "for full helptext")):
+            return f"command line: {line}"
+    return "command line: TorchTitan could not parse the arguments"
+
+
+def parse(module: str, function: str, overrides: Sequence[str]) -> Any:
+    """TorchTitan 0.3.0's ``Trainer.Config`` for ``--module M --config FN *overrides``, as
+    ``torchtitan.train`` builds it, after the overrides' names and values were checked."""
+    base = _base_config(module, function)
+    options = option_fields_of(base)
+    args = prepare_args(overrides, {k: v for k, v in options.items() if k.startswith("morph.")})
+    check_overrides(args, options)
+    from torchtitan.config import ConfigManager
+
+    error = ""
+    with _captured_output() as output:
+        try:
+            config = ConfigManager().parse_args(["--module", module, "--config", function, *args])
+        except SystemExit as exit_:
+            error = "help" if exit_.code in (0, None) else "parser"
+        except (ValueError, TypeError, ImportError) as err:
+            error = " ".join(str(err).split())
+    if error == "help":
+        print(output[0], end="")
+        raise SystemExit(0)
+    if error:
+        raise ConfigError(_first_message(output[0]) if error == "parser" else error)
+    return config
+
+
+def _is_morph_model(config: Any) -> bool:
+    spec = getattr(config, "model_spec", None)
+    return spec is not None and spec.name == MODEL_NAME
+
+
+def _stages_per_rank(config: Any) -> int | None:
+    """Stages per pipeline rank of titan_morph's model (None = decided by the model); 1 otherwise."""
+    par = config.parallelism
+    if par.pipeline_parallel_degree < 2 or not _is_morph_model(config):
+        return 1
+    from titan_morph.integration.schedules import stages_per_rank_of
+
+    return stages_per_rank_of(par.pipeline_parallel_schedule, par.pipeline_parallel_layers_per_stage)
+
+
+def job_view(config: Any, ranks: int | None = None) -> JobView:
+    """What titan_morph reads of a TorchTitan 0.3.0 ``Trainer.Config`` (``ranks``: the launcher's NGPU)."""
+    par, training, comm = config.parallelism, config.training, config.comm
+    return JobView(
+        pipeline_parallel_degree=int(par.pipeline_parallel_degree),
+        data_parallel_replicate_degree=int(par.data_parallel_replicate_degree),
+        data_parallel_shard_degree=int(par.data_parallel_shard_degree),
+        tensor_parallel_degree=int(par.tensor_parallel_degree),
+        context_parallel_degree=int(par.context_parallel_degree),
+        local_batch_size=int(training.local_batch_size),
+        microbatch_size=int(par.pipeline_parallel_microbatch_size),
+        schedule=str(par.pipeline_parallel_schedule),
+        stages_per_rank=_stages_per_rank(config),
+        steps=int(training.steps),
+        init_timeout_s=float(comm.init_timeout_seconds),
+        train_timeout_s=float(comm.train_timeout_seconds),
+        checkpoint=bool(config.checkpoint.enable),
+        ranks=ranks,
+    )
+
+
+def _check_schedule(config: Any) -> None:
+    """For titan_morph's model: the schedule name is one titan_morph builds."""
+    par = config.parallelism
+    if par.pipeline_parallel_degree < 2 or not _is_morph_model(config):
+        return
+    from titan_morph.integration.schedules import check_schedule_name, schedule_names
+
+    try:
+        check_schedule_name(par.pipeline_parallel_schedule)
+    except ValueError:
+        allowed = ", ".join(schedule_names())
+        raise ConfigError(
+            f"parallelism.pipeline_parallel_schedule: {par.pipeline_parallel_schedule!r} is not one of {allowed}"
+        ) from None
+
+
+def settings_of(config: Any, ranks: int | None = None) -> Settings:
+    """The resolved settings of a TorchTitan 0.3.0 ``Trainer.Config`` (the schedule checked too)."""
+    morph = getattr(config, "morph", None)
+    if not isinstance(morph, Morph):
+        raise ConfigError(f"morph: the config has no morph field: return MorphTrainer.Config (see {CONFIG_MODULE})")
+    _check_schedule(config)
+    return resolve(morph, job_view(config, ranks))
+
+
+def load(
+    function: str, overrides: Sequence[str] = (), ranks: int | None = None, module: str = CONFIG_MODULE
+) -> tuple[Any, Settings]:
+    """TorchTitan's config and titan_morph's settings for a config function and its overrides:
+    every check a rank would run, before any rank starts."""
+    config = parse(module, function, overrides)
+    return config, settings_of(config, ranks)

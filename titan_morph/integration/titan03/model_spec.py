@@ -1,0 +1,184 @@
+"""``ModelSpec`` ``llama3_morph`` for TorchTitan 0.3.0: its llama3, pipelined by titan_morph.
+
+Everything but ``pipelining_fn`` is TorchTitan's llama3 spec. :func:`pipeline_stages` takes 0.3.0's
+keyword-only arguments, splits the model as TorchTitan's ``pipeline_llm`` does for the schedule's
+placement (one stage per rank, looped, or the V) with its module split, and builds the schedule
+through :func:`titan_morph.integration.schedules.build_schedule` with the same
+:class:`~titan_morph.integration.schedules.ScheduleRequest` as on 0.2.2, so everything below it
+runs unchanged. 0.3.0's loss returns ``(loss, aux)``; the schedules take a scalar loss, so it is
+wrapped. The trainer passes microbatches already split (``step(arg_mbs=..., target_mbs=...)``),
+which torch >= 2.14's schedules, titan_morph's included (they are torch schedule runtimes), accept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.distributed.pipelining.schedules import _PipelineSchedule
+from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part, _pipeline_module_split
+from torchtitan.models.llama3 import model_registry
+from torchtitan.protocols.model_spec import ModelSpec
+from torchtitan.tools.logging import logger
+
+from titan_morph.integration.schedules import ScheduleRequest, build_schedule, schedule_placement
+from titan_morph.integration.titan03.cpu import adapt_fsdp_to_gloo
+from titan_morph.integration.titan03.jobconfig import MODEL_NAME, active_settings
+
+__all__ = ["MODEL_NAME", "morph_model_spec", "pipeline_stages", "scalar_loss", "stages_per_rank"]
+
+# A torch schedule name per placement: TorchTitan's module split derives its stage placement from it.
+_SPLIT_AS = {"single": "1F1B", "loop": "Interleaved1F1B", "v": "ZBVZeroBubble"}
+
+
+def scalar_loss(loss_fn: Callable[..., Any] | None) -> Callable[..., torch.Tensor] | None:
+    """0.3.0's loss returns ``(loss, aux)``; pipeline schedules take the bare scalar."""
+    if loss_fn is None:
+        return None
+
+    def loss(*args: Any, **kwargs: Any) -> torch.Tensor:
+        value = loss_fn(*args, **kwargs)
+        return value[0] if isinstance(value, tuple) else value
+
+    return loss
+
+
+def stages_per_rank(parallelism: Any, placement: str, pp: int, num_layers: int) -> int:
+    """Stages per PP rank, as TorchTitan's ``pipeline_llm`` decides (``pipeline_parallel_layers_per_stage``
+    when set, else 1 for one-stage schedules and 2 for the others); a V holds exactly 2."""
+    per_stage = parallelism.pipeline_parallel_layers_per_stage
+    if per_stage is None:
+        return 1 if placement == "single" else 2
+    total = math.ceil(
+        (
+            num_layers
+            + parallelism.pipeline_parallel_first_stage_less_layers
+            + parallelism.pipeline_parallel_last_stage_less_layers
+        )
+        / per_stage
+    )
+    if total % pp:
+        raise ValueError(
+            f"parallelism.pipeline_parallel_layers_per_stage = {per_stage} gives {total} stages, not a multiple of"
+            f" pipeline_parallel_degree = {pp}"
+        )
+    per_rank = total // pp
+    need = {"single": "exactly 1", "v": "exactly 2", "loop": "at least 2"}[placement]
+    ok = per_rank == 1 if placement == "single" else per_rank == 2 if placement == "v" else per_rank >= 2
+    if not ok:
+        raise ValueError(
+            f"parallelism.pipeline_parallel_layers_per_stage = {per_stage} gives {per_rank} stage(s) per rank;"
+            f" pipeline_parallel_schedule = {parallelism.pipeline_parallel_schedule!r} needs {need}"
+        )
+    return per_rank
+
+
+def _stage_module_names(parallelism: Any, num_stages: int, num_layers: int) -> list[list[str]]:
+    names = parallelism.module_fqns_per_model_part
+    if names is None:
+        names = _generate_llm_fqn_per_model_part(
+            num_stages,
+            num_layers,
+            parallelism.pipeline_parallel_first_stage_less_layers,
+            parallelism.pipeline_parallel_last_stage_less_layers,
+        )
+    if len(names) != num_stages:
+        raise ValueError(
+            f"parallelism.module_fqns_per_model_part has {len(names)} parts; the schedule runs {num_stages} stages"
+            " (PP degree x stages per rank), so it needs exactly that many parts"
+        )
+    return list(names)
+
+
+def _mesh_callback(parallel_dims: Any) -> Callable[..., Any]:
+    """The stages' ``get_mesh``: the SPMD mesh of the named dimensions (None when its layout differs)."""
+
+    def get_mesh(names: tuple[str, ...], layout: Any) -> Any:
+        mesh = parallel_dims.get_mesh(list(names))
+        return None if layout is not None and mesh._layout != layout else mesh
+
+    return get_mesh
+
+
+def pipeline_stages(
+    model: nn.Module,
+    *,
+    parallel_dims: Any,
+    training: Any,
+    parallelism: Any,
+    compile_config: Any,
+    ac_config: Any,
+    dump_folder: str,
+    device: torch.device,
+    model_config: Any,
+    parallelize_fn: Callable[..., nn.Module],
+    loss_fn: Callable[..., Any],
+) -> tuple[_PipelineSchedule, list[nn.Module], bool, bool]:
+    """TorchTitan 0.3.0 ``pipelining_fn``: split into this rank's stage(s), then build the schedule."""
+    schedule_name = parallelism.pipeline_parallel_schedule
+    placement = schedule_placement(schedule_name)  # also: the unknown-schedule error, before any work
+    if parallelism.pipeline_parallel_schedule_csv:
+        raise ValueError(
+            f"parallelism.pipeline_parallel_schedule_csv is not supported by {MODEL_NAME}; choose the schedule with"
+            " pipeline_parallel_schedule"
+        )
+    settings = active_settings()
+    pp = parallel_dims.pp
+    num_layers = len(model_config.layers)
+    num_stages = pp * stages_per_rank(parallelism, placement, pp, num_layers)
+    names = _stage_module_names(parallelism, num_stages, num_layers)
+
+    stages, model_parts = _pipeline_module_split(
+        model,
+        parallel_dims.get_mesh("pp"),
+        _SPLIT_AS[placement],
+        device,
+        names,
+        get_mesh=_mesh_callback(parallel_dims),
+    )
+    for i, part in enumerate(model_parts):
+        part = parallelize_fn(
+            part,
+            parallel_dims=parallel_dims,
+            training=training,
+            parallelism=parallelism,
+            compile_config=compile_config,
+            ac_config=ac_config,
+            dump_folder=dump_folder,
+        )
+        adapt_fsdp_to_gloo(part)
+        model_parts[i] = part
+        stages[i].submod = part
+
+    schedule = build_schedule(
+        ScheduleRequest(
+            name=schedule_name,
+            stage=stages[0],
+            n_microbatches=settings.microbatches,
+            loss_fn=scalar_loss(loss_fn),
+            settings=settings,
+            parallel_dims=parallel_dims,
+            stages=stages,
+        )
+    )
+    logger.info(
+        f"titan_morph: pipeline schedule {schedule_name} ({type(schedule).__name__}), stage(s) "
+        f"{[st.stage_index for st in stages]}/{num_stages} with {settings.microbatches} microbatches"
+    )
+    return schedule, model_parts, any(st.is_first for st in stages), any(st.is_last for st in stages)
+
+
+def morph_model_spec(flavor: str = "debugmodel", model: Any = None) -> ModelSpec:
+    """TorchTitan's llama3 ``ModelSpec`` of ``flavor`` (``model``: another model config, e.g. the
+    synthetic one) with titan_morph's pipelining. Flex attention, 0.3.0's default, also runs on CPU."""
+    llama3 = model_registry(flavor)
+    return dataclasses.replace(
+        llama3,
+        name=MODEL_NAME,
+        model=llama3.model if model is None else model,
+        pipelining_fn=pipeline_stages,
+    )
