@@ -5,9 +5,11 @@ generator's own timeline, the zero-transmit identity, and PipeMorph against the 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -251,3 +253,53 @@ def test_exact_no_overlap_model_equals_the_brute_force(idx: int) -> None:
     assert lower_bound_ms(model) <= best
     bounded = optimal_makespan(model, time_limit_s=20)
     assert bounded.optimal and bounded.makespan == best
+
+
+def _cli_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
+    from titan_morph.pipelining.plan import main
+
+    assert main([*argv, "--json"]) == 0
+    return dict(json.loads(capsys.readouterr().out))
+
+
+@pytest.mark.parametrize("schedule", ["pipemorph", "zb-h2"])
+def test_cli_json_makespan_equals_an_independent_execution(capsys: pytest.CaptureFixture[str], schedule: str) -> None:
+    """The CLI plans under --delays/--transmit-ms and runs under --run-delays/--run-transmit-ms; its
+    makespans equal the executor above on its own orders under each model."""
+    from titan_morph.pipelining.export import load_orders_json
+
+    argv = ["--stages", "4", "--microbatches", "8", "--schedule", schedule, "--search-iterations", "30"]
+    argv = argv[:-2] if schedule != "pipemorph" else argv
+    out = _cli_json(
+        capsys,
+        *argv,
+        *("--delays", "0,5,0", "--transmit-ms", "0,0,15", "--run-delays", "3,0,2", "--run-transmit-ms", "0,20,10"),
+    )
+    assert out["transmit_ms"] == [0.0, 0.0, 15.0] and out["run_transmit_ms"] == [0.0, 20.0, 10.0]
+    orders = load_orders_json(out["orders"])  # type: ignore[arg-type]
+    base = CostModel.uniform(4, 8, 10, 10, 10)
+    planned = base.with_delays((0.0, 5.0, 0.0)).with_transmit((0.0, 0.0, 15.0))
+    ran = base.with_delays((3.0, 0.0, 2.0)).with_transmit((0.0, 20.0, 10.0))
+    assert out["planned_makespan_ms"] == execute(planned, orders)
+    assert out["makespan_ms"] == execute(ran, orders)
+    assert out["makespan_ms"] != execute(ran.with_transmit(0.0), orders)  # the transmit time counts
+    assert float(out["lower_bound_ms"]) <= float(out["makespan_ms"])  # type: ignore[arg-type]
+
+
+def test_cli_transmit_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from titan_morph.pipelining.plan import main
+
+    trace = tmp_path / "t.json"
+    argv = ["--stages", "3", "--microbatches", "4", "--schedule", "zb-h1", "--transmit-ms", "12"]
+    assert main([*argv, "--chrome-trace", str(trace)]) == 0
+    text = capsys.readouterr().out
+    assert "transmit [12, 12] ms per message" in text
+    wires = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "wire"]
+    assert len(wires) == 2 * 2 * 4 and all(e["dur"] == 12000.0 for e in wires)  # 2 links x 2 directions x N
+    assert main([*argv[:-1], "inf"]) == 2
+    assert "--transmit-ms" in capsys.readouterr().err
+    assert main([*argv, "--run-transmit-ms", "1,2,3"]) == 2
+    assert "--run-transmit-ms needs 2 values" in capsys.readouterr().err
+    # A time-varying latency model gets the run transmit times on top.
+    out = _cli_json(capsys, *argv, "--run-random", "5,0,10,10")
+    assert "transmit [12, 12] ms per message" in str(out["run_links"])

@@ -36,7 +36,7 @@ from typing import Any, NoReturn
 from .baselines import zbv_memory
 from .builders import SCHEDULES, V_SCHEDULES, schedule_key
 from .exact import lower_bound_ms, lower_bound_under
-from .links import LinkDownError, LinkModel, RandomDelays, TraceDelays, parse_delays
+from .links import LinkDownError, LinkModel, RandomDelays, TraceDelays, WithTransmit, parse_delays
 from .model import STAGES_PER_RANK, CostModel, Plan, in_flight_peak, validate_orders, warmup_counts
 from .slackness import tolerance_ms
 from .values import N, parse_list
@@ -99,6 +99,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-trace",
         metavar="PATH",
         help="execute under a delay trace CSV (columns step|time_ms, link, delay_ms[, direction]; links.py)",
+    )
+    g.add_argument(
+        "--transmit-ms",
+        default=None,
+        metavar="T",
+        help="planning transmit time per message per link, ms (size / rate: the link sends one message at a time per"
+        " direction, in issue order; --delays is then the latency): scalar or R-1 values (default 0 = delay-only)",
+    )
+    g.add_argument(
+        "--run-transmit-ms",
+        default=None,
+        metavar="T",
+        help="actual transmit time per message per link to execute under, ms (default: --transmit-ms)",
     )
     g.add_argument("--step", type=int, default=0, help="training step the run is at, for --run-trace by step")
     g.add_argument(
@@ -197,11 +210,18 @@ def _placement(args: argparse.Namespace, given: int | None = None) -> int:
     return spr
 
 
+def _transmit(flag: str, text: str | None, links: int) -> tuple[float, ...]:
+    try:
+        return parse_delays(text, links, name=flag, allow_inf=False)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _model(
     args: argparse.Namespace, ranks: int, microbatches: int, per_rank: int = 1
-) -> tuple[CostModel, tuple[float, ...]]:
-    """The planning cost model and the run delays, from the flags (with --plan-random/--plan-samples
-    the planning delays are the samples' per-link mean)."""
+) -> tuple[CostModel, tuple[float, ...], tuple[float, ...]]:
+    """The planning cost model, the run delays and the run transmit times, from the flags (with
+    --plan-random/--plan-samples the planning delays are the samples' per-link mean)."""
     if ranks < 1:
         raise UsageError(f"--stages must be >= 1, got {ranks}")
     if microbatches < 1:
@@ -220,6 +240,10 @@ def _model(
         delays = tuple(sum(v[i] for v in samples) / len(samples) for i in range(links))
     args.planning_samples = samples
     run = delays if args.run_delays is None else _delays("--run-delays", args.run_delays, links)
+    transmit = _transmit("--transmit-ms", args.transmit_ms, links)
+    run_transmit = transmit
+    if args.run_transmit_ms is not None:
+        run_transmit = _transmit("--run-transmit-ms", args.run_transmit_ms, links)
     if args.depth is not None and args.depth < 1:
         raise UsageError(
             f"--depth must be >= 1 message in flight per link (omit it for non-blocking), got {args.depth}"
@@ -234,10 +258,11 @@ def _model(
         delays,
         memory or None,
         per_rank,
+        transmit,
     )
     if model.memory is None and args.schedule == "pipemorph-v":
         model = model.with_memory(zbv_memory(model))  # compared with ZB-V on the memory ZB-V holds
-    return model, run
+    return model, run, run_transmit
 
 
 def _given(args: argparse.Namespace, flags: Sequence[str]) -> list[str]:
@@ -351,7 +376,7 @@ def _build(args: argparse.Namespace, model: CostModel) -> tuple[Plan, float]:
         raise UsageError(f"{flag}: {exc}") from None
 
 
-def _load(args: argparse.Namespace) -> tuple[Plan, tuple[float, ...]]:
+def _load(args: argparse.Namespace) -> tuple[Plan, tuple[float, ...], tuple[float, ...]]:
     from .export import read_csv
 
     try:
@@ -371,12 +396,12 @@ def _load(args: argparse.Namespace) -> tuple[Plan, tuple[float, ...]]:
         )
     if args.schedule is not None:
         raise UsageError("--schedule and --load-csv exclude each other (the CSV is the schedule)")
-    model, run = _model(args, ranks, microbatches, per_rank)
+    model, run, run_transmit = _model(args, ranks, microbatches, per_rank)
     try:
         validate_orders(model, orders)
     except ValueError as exc:
         raise UsageError(f"--load-csv {args.load_csv}: {exc}") from None
-    return Plan(f"csv:{Path(args.load_csv).name}", warmup_counts(model, orders), orders, model), run
+    return Plan(f"csv:{Path(args.load_csv).name}", warmup_counts(model, orders), orders, model), run, run_transmit
 
 
 # ---------------------------------------------------------------------------------------------
@@ -401,6 +426,14 @@ def _summary(out: PlannedRun) -> str:
         f"schedule {plan.schedule}: {shape}, N={model.microbatches} microbatches, plan {plan.plan_id}",
         f"  t^F {_fmt_list(model.fwd)} ms, t^B {_fmt_list(model.bwd)} ms, t^W {_fmt_list(model.wgt)} ms;"
         f" transport {'non-blocking' if args.depth is None else f'blocking, depth {args.depth}'}",
+        *(
+            [
+                f"  links: one message at a time per direction, transmit {_fmt_list(model.transmit)} ms per message"
+                f" planned, {_fmt_list(out.run_transmit)} ms run (then the latency c_i)"
+            ]
+            if model.has_transmit or any(t > 0 for t in out.run_transmit)
+            else []
+        ),
         "",
         ("rank  stages   x_s  " if v else "stage  x_i  ") + "M_i  peak  busy ms  bubble  blocked ms",
     ]
@@ -468,6 +501,8 @@ def _report_json(out: PlannedRun, files: dict[str, str]) -> dict[str, Any]:
         "wgt_ms": list(model.wgt),
         "delays_ms": list(model.delays),
         "run_delays_ms": list(run),
+        "transmit_ms": list(model.transmit),
+        "run_transmit_ms": list(out.run_transmit),
         "run_links": out.links_text or "static",
         "step": args.step,
         "memory": None if model.memory is None else list(model.memory),
@@ -506,6 +541,7 @@ class PlannedRun:
     planning_ms: float = 0.0  # wall time spent building the plan (0 for --load-csv)
     expected_makespan: float | None = None  # mean makespan over the planning samples (random planning)
     lower_bound: float = 0.0  # no schedule (within the memory budget) beats this under the run's delays
+    run_transmit: tuple[float, ...] = ()  # per-message transmit times per link the run executes under
 
 
 def run(argv: Sequence[str] | None = None) -> PlannedRun:
@@ -515,16 +551,19 @@ def run(argv: Sequence[str] | None = None) -> PlannedRun:
     args = build_parser().parse_args(argv)
     planning_ms = 0.0
     if args.load_csv:
-        plan, run_delays = _load(args)
+        plan, run_delays, run_transmit = _load(args)
     else:
         if args.stages is None or args.microbatches is None:
             raise UsageError("--stages and --microbatches are required (unless --load-csv gives them)")
         args.schedule = args.schedule or ("pipemorph-v" if args.stages_per_rank == 2 else "pipemorph")
-        model, run_delays = _model(args, args.stages, args.microbatches, _placement(args))
+        model, run_delays, run_transmit = _model(args, args.stages, args.microbatches, _placement(args))
         plan, planning_ms = _build(args, model)
     links, links_text = _run_links(args, plan.model.num_links)
     if links is not None:
         run_delays = links.snapshot(0.0, args.step)
+        if any(t > 0 for t in run_transmit):  # latency from the time-varying model, bandwidth on top
+            links = WithTransmit(links, run_transmit)
+            links_text += f", transmit {_fmt_list(run_transmit)} ms per message"
     try:
         planned = simulate(plan.model, plan.orders, depth=args.depth).makespan
     except DeadlockError as exc:
@@ -532,7 +571,7 @@ def run(argv: Sequence[str] | None = None) -> PlannedRun:
     flag = "--run-delays" if links is None else "--run-random" if args.run_random else "--run-trace"
     try:
         # With a link model the simulator asks it for every message; model.delays are only the t=0 view.
-        run_model = plan.model.with_delays(run_delays)
+        run_model = plan.model.with_delays(run_delays).with_transmit(run_transmit)
         result = simulate(run_model, plan.orders, links=links, depth=args.depth, step=args.step)
     except LinkDownError as exc:
         raise UsageError(f"{flag}: {exc}: the iteration cannot complete") from None
@@ -545,7 +584,9 @@ def run(argv: Sequence[str] | None = None) -> PlannedRun:
         bound = lower_bound_ms(run_model)
     else:
         bound = lower_bound_under(plan.model, links, step=args.step)
-    return PlannedRun(plan, result, planned, tuple(run_delays), links, links_text, args, planning_ms, expected, bound)
+    return PlannedRun(
+        plan, result, planned, tuple(run_delays), links, links_text, args, planning_ms, expected, bound, run_transmit
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -172,6 +171,12 @@ class Message:
     dst: OpTimingLike
     accepted: float  # the link took it: sender end + send blocking
     delivered: float  # FIFO delivery under the link model
+    wire: tuple[float, float] = (0.0, 0.0)  # its transmission (start, end): the link's occupancy
+
+    @property
+    def transmitting(self) -> bool:
+        """Did it occupy the wire (a link with a transmit time), or only take the latency?"""
+        return self.wire[1] > self.wire[0]
 
 
 def messages(result: SimResult, links: LinkModel | None = None, step: int = 0) -> list[Message]:
@@ -179,13 +184,14 @@ def messages(result: SimResult, links: LinkModel | None = None, step: int = 0) -
 
     F on stage s sends to F on s+1, I/B on stage s to I/B on s−1, over the link between their
     ranks (``fwd`` from rank i to i+1, ``bwd`` back; one stage per rank: link s, link s−1); the
-    V's local hop sends nothing. ``links`` defaults to ``StaticDelays(result.model.delays)``; pass
-    the model the run was simulated with when it was not static.
+    V's local hop sends nothing. ``links`` defaults to the model's (``model.delays`` as latency,
+    ``model.transmit`` per message); pass the model the run was simulated with when it was not
+    static. Deliveries come from :class:`links.LinkQueue` (one message on the wire at a time).
     """
-    from .links import DIRECTIONS, StaticDelays
+    from .links import DIRECTIONS, LinkQueue, StaticDelays
 
     model = result.model
-    link_model = links if links is not None else StaticDelays(model.delays)
+    link_model = links if links is not None else StaticDelays(model.delays, transmit=model.transmit)
     route_f, route_b = model.routes()
     where: dict[tuple[int, str, int], Any] = {}
     for rank_timings in result.timings:
@@ -209,10 +215,10 @@ def messages(result: SimResult, links: LinkModel | None = None, step: int = 0) -
                 pending.setdefault(key, []).append((t.end + t.blocked, t, dst))
     out = []
     for (link, direction), sends in sorted(pending.items()):
-        last = -math.inf
+        queue = LinkQueue(link_model, link, direction)
         for accepted, src, dst in sorted(sends, key=lambda e: (e[0], e[1].end)):
-            last = max(accepted + link_model.delay_ms(link, direction, accepted, step), last)
-            out.append(Message(link, direction, src, dst, accepted, last))
+            sent = queue.send(accepted, step)
+            out.append(Message(link, direction, src, dst, accepted, sent.delivered, sent.on_wire))
     return out
 
 
@@ -224,7 +230,8 @@ def chrome_trace(result: SimResult, path: str | Path, links: LinkModel | None = 
     thread 0, and send-blocking intervals (head-of-line blocking, §3.2) as ``X`` events with
     ``cat = "blocked"`` on thread 1. One more process per link (``pid`` = R + link) shows each
     message in flight (async ``b``/``e`` events, ``cat = "link"``, from acceptance to delivery:
-    the link delay), and a flow arrow joins each sending op to the op
+    the link delay), on links with a transmit time each direction's occupancy (``X`` events, ``cat
+    = "wire"``, thread 1 ``fwd`` and 2 ``bwd``: one message at a time), and a flow arrow joins each sending op to the op
     that consumes the message. Times are µs from the iteration start. ``links``/``step`` as in
     :func:`messages` (the link model and step the run was simulated with).
     """
@@ -240,6 +247,10 @@ def chrome_trace(result: SimResult, path: str | Path, links: LinkModel | None = 
         pid = stages + link
         events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": f"link {link}"}})
         events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+        if result.model.transmit[link] > 0 or links is not None:
+            for tid, direction in ((1, "fwd"), (2, "bwd")):
+                label = {"name": f"wire {direction}"}
+                events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": label})
     for stage_timings in result.timings:
         for t in stage_timings:
             events.append(
@@ -276,6 +287,20 @@ def chrome_trace(result: SimResult, path: str | Path, links: LinkModel | None = 
         common = {"name": name, "cat": "link", "id": f"m{msg_id}", "pid": pid, "tid": 0}
         events.append({**common, "ph": "b", "ts": _us(msg.accepted), "args": args})
         events.append({**common, "ph": "e", "ts": _us(msg.delivered)})
+        if msg.transmitting:
+            start, end = msg.wire
+            events.append(
+                {
+                    "name": name,
+                    "cat": "wire",
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": 1 if msg.direction == "fwd" else 2,
+                    "ts": _us(start),
+                    "dur": _us(end - start),
+                    "args": {"queued_ms": start - msg.accepted, "transmit_ms": end - start},
+                }
+            )
         # Flow arrow from the producing op to the consuming op (bound to the middle of each slice).
         flow = {"name": name, "cat": "dataflow", "id": msg_id}
         src_mid, dst_mid = (msg.src.start + msg.src.end) / 2, (msg.dst.start + msg.dst.end) / 2
@@ -289,6 +314,7 @@ def chrome_trace(result: SimResult, path: str | Path, links: LinkModel | None = 
             "bubble_rate": list(result.bubble_rate),
             "blocked_ms": list(result.blocked_ms),
             "delays_ms": list(result.model.delays),
+            "transmit_ms": list(result.model.transmit),
         },
     }
     path = Path(path)
@@ -363,6 +389,17 @@ def timeline_png(result: SimResult, path: str | Path, title: str | None = None, 
         blocked = result.blocked_ms[stage]
         note = f"bubble {rate:.1%}" + (f"\nblocked {blocked:.0f} ms" if blocked > 0 else "")
         ax.text(makespan * 1.01, y, note, va="center", ha="left", fontsize=8)
+    # Link occupancy (transmit times): thin bars between the rows a link joins, forward above.
+    wire_used = False
+    for msg in messages(result) if result.model.has_transmit else ():
+        if msg.transmitting:
+            wire_used = True
+            y = stages - 1.5 - msg.link + (0.05 if msg.direction == "fwd" else -0.05)
+            start, end = msg.wire
+            color = "#333333" if msg.direction == "fwd" else "#8a8a8a"
+            ax.add_patch(
+                matplotlib.patches.Rectangle((start, y - 0.04), end - start, 0.08, facecolor=color, linewidth=0)
+            )
     # Link delays (the model's view) between the rows they join, left of the axis.
     for link, delay in enumerate(result.model.delays):
         if delay > 0:
@@ -390,6 +427,9 @@ def timeline_png(result: SimResult, path: str | Path, title: str | None = None, 
     handles.append(Patch(facecolor="#f4f4f4", edgecolor="#d0d0d0", label="idle (bubble)"))
     if any(b > 0 for b in result.blocked_ms):
         handles.append(Patch(facecolor="none", edgecolor="#b22222", hatch="////", label="send blocked"))
+    if wire_used:
+        handles.append(Patch(facecolor="#333333", label="link busy fwd"))
+        handles.append(Patch(facecolor="#8a8a8a", label="link busy bwd"))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
     delays = ", ".join(f"{d:g}" for d in result.model.delays) or "-"
     mean_rate = sum(result.bubble_rate) / max(len(result.bubble_rate), 1)
@@ -397,7 +437,8 @@ def timeline_png(result: SimResult, path: str | Path, title: str | None = None, 
     ax.set_title(
         f"{head}\n{f'R={stages} (2 stages per rank, V)' if v else f'S={stages}'} N={result.model.microbatches}"
         f"  link delays [{delays}] ms  "
-        f"makespan {makespan:.1f} ms  mean bubble {mean_rate:.1%}",
+        + (f"transmit [{', '.join(f'{t:g}' for t in result.model.transmit)}] ms/msg  " if wire_used else "")
+        + f"makespan {makespan:.1f} ms  mean bubble {mean_rate:.1%}",
         fontsize=10,
     )
     for side in ("top", "right"):

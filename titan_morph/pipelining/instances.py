@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; annotations are not evaluated at run time
     from typing_extensions import Unpack
@@ -141,7 +141,48 @@ def describe(model: CostModel) -> str:
         return "[" + ",".join(f"{v:g}" for v in values) + "]"
 
     mem = "inf" if model.memory is None else fmt(model.memory)
+    tau = f" tau={fmt(model.transmit)}" if model.has_transmit else ""
     return (
         f"S={model.stages} N={model.microbatches} F={fmt(model.fwd)} I={fmt(model.bwd)} W={fmt(model.wgt)}"
-        f" c={fmt(model.delays)} M={mem}"
+        f" c={fmt(model.delays)}{tau} M={mem}"
     )
+
+
+def bandwidth_instance(
+    rng: random.Random | int,
+    s_range: tuple[int, int] = (3, 5),
+    n_range: tuple[int, int] = (8, 24),
+    transmit_range: tuple[float, float] = (12, 30),
+    latency_range: tuple[float, float] = (0, 20),
+    memory: str | None = "mixed",
+    slow_links: tuple[int, int] = (1, 2),
+) -> CostModel:
+    """One instance of the bandwidth model (issue "links with limited bandwidth"): S in ``s_range``,
+    N in ``n_range``, F/I/W per stage in 5–20 ms, ``slow_links`` links (1 or 2 by default) with a
+    transmit time in ``transmit_range`` and a latency in ``latency_range`` ms (1 ms grid), the
+    other links free, and memory per :func:`random_memory` (capped at N)."""
+    rng = _rng(rng)
+    stages = rng.randint(*s_range)
+    microbatches = rng.randint(*n_range)
+
+    def times() -> tuple[float, ...]:
+        return tuple(float(rng.randint(5, 20)) for _ in range(stages))
+
+    fwd, bwd, wgt = times(), times(), times()
+    links = stages - 1
+    slow = rng.sample(range(links), min(links, rng.randint(*slow_links)))
+    delays = [0.0] * links
+    transmit = [0.0] * links
+    for link in slow:
+        transmit[link] = float(rng.randint(int(transmit_range[0]), int(transmit_range[1])))
+        delays[link] = float(rng.randint(int(latency_range[0]), int(latency_range[1])))
+    mem = random_memory(rng, stages, microbatches, memory)
+    if mem is not None:
+        mem = tuple(min(m, microbatches) for m in mem)
+    return CostModel(stages, microbatches, fwd, bwd, wgt, tuple(delays), mem, transmit=tuple(transmit))
+
+
+def bandwidth_set(seed: int, count: int, **kwargs: Any) -> list[CostModel]:
+    """``count`` :func:`bandwidth_instance` instances from one seeded stream."""
+    rng = random.Random(seed)
+    return [bandwidth_instance(rng, **kwargs) for _ in range(count)]
