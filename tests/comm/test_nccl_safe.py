@@ -240,3 +240,28 @@ def test_torch_handles_on_nccl_poll_and_never_hand_nccl_a_timeout() -> None:
     assert pending.waits == []
     fabric.post("g", 1, True, torch.ones(1))
     assert TorchHandle(pending, (), poll=True).wait(0.05) and pending.waits == [()]
+
+
+def test_later_probes_reuse_the_last_good_probe_groups() -> None:
+    fabric = Fabric()
+    made: list[FakePair] = []
+    groups = (_groups(fabric, 0, made=made), _groups(fabric, 1, made=made))
+
+    def probe_both(attempt: str, reuse: tuple) -> list:
+        out: list = [None, None]
+
+        def run(i: int) -> None:
+            out[i] = groups[i].probe(0, attempt, 2.0, reuse=reuse[i])
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        return out
+
+    first = probe_both("1.1", (None, None))
+    before = len(made)
+    again = probe_both("1.2", tuple(first))
+    assert again == first and len(made) == before  # the same groups, no new communicator
+    assert not any(p.broken for p in made)

@@ -1,9 +1,10 @@
 """Bringing a failed-over link of a :class:`~titan_morph.comm.failover.FailoverTransport` back to its
 default path.
 
-After the default path of a link failed, a prober thread makes a fresh 2-rank group every
-``probe_interval_s`` and exchanges a tensor on it (both ranks; each probe's result agreed through
-the store). After ``recover_probes`` good probes in a row the link moves back at a step boundary
+After the default path of a link failed, a prober thread makes a fresh 2-rank group (one per
+direction on NCCL) and exchanges a tensor on it every ``probe_interval_s``, on the same group while
+the probes succeed, so a recovering link makes one communicator, not one per probe (both ranks;
+each probe's result agreed through the store). After ``recover_probes`` good probes in a row the link moves back at a step boundary
 both ranks name in advance: the lower rank posts step + 2 (ranks are within one step of each other,
 because every step ends with a collective). A default path under the link emulator is not probed
 (its ``inf`` is the model's, not a real failure).
@@ -54,7 +55,7 @@ class Prober:
                 if router.closed or router.gen[link] != gen or link in router.fatal:
                     return
             attempt += 1
-            group = pairs.probe(link, f"{gen}.{attempt}", timeout)
+            group = pairs.probe(link, f"{gen}.{attempt}", timeout, reuse=kept)
             with router.lock:
                 if router.closed:  # the peer may be gone: do not wait for its verdict
                     if group is not None:
@@ -68,14 +69,15 @@ class Prober:
                 theirs = client.get(f"{base}/{peer}").decode() == "1"
             except Exception:
                 theirs = False
-            ok = group is not None and theirs
-            if not ok and group is not None:
-                group.break_("probe not agreed")
-            good = good + 1 if ok else 0
-            if ok:
-                if kept is not None:
-                    kept.break_("superseded by a later probe")
-                kept = group
+            ok = group is not None and theirs  # the same verdict on both ends
+            if not ok:
+                for failed in (group, kept):
+                    if failed is not None:
+                        failed.break_("probe not agreed")
+                kept, good = None, 0  # both ends start over on fresh groups
+            else:
+                good += 1
+                kept = group  # the next probe reuses it: one communicator per recovery
             if good >= self.recover_probes and kept is not None:
                 with router.lock:
                     if router.gen[link] == gen:

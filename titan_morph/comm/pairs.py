@@ -325,13 +325,15 @@ class LinkGroups:
         """Tear the link's group(s) down on this side (the peer's operations on them fail at once too)."""
         self._groups[link].break_(why)
 
-    def probe(self, link: int, attempt: str, timeout_s: float) -> LinkWire | None:
-        """Make fresh group(s) for ``link`` and exchange one small tensor each way on each, on the
-        group's device; the link's new default path when that worked (both ends must call this with
-        the same ``attempt``), else None. Runs on the rank's device (a prober thread)."""
+    def probe(self, link: int, attempt: str, timeout_s: float, reuse: LinkWire | None = None) -> LinkWire | None:
+        """Exchange one small tensor each way on each group of ``reuse`` (the last good probe's, so a
+        recovering link makes one communicator, not one per probe) or of fresh group(s) for ``link``,
+        on the group's device; the link's new default path when that worked (both ends must call this
+        with the same ``attempt`` and agree on ``reuse``), else None (``reuse`` is then broken).
+        Runs on the rank's device (a prober thread)."""
         bind_device(self.device if self.backend == "nccl" else None)
         try:
-            wire = self._make(link, f"probe{attempt}", timeout_s)
+            wire = reuse if reuse is not None else self._make(link, f"probe{attempt}", timeout_s)
         except Exception as e:  # the peer did not come, or the network refused: a failed probe
             logger.debug("titan_morph: probe %s of link %d: %s", attempt, link, e)
             return None

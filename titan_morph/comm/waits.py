@@ -46,13 +46,15 @@ def poll_until(
 
 
 def on_nccl(group: Any) -> bool:
-    """Whether ``group``'s point-to-point traffic runs on NCCL (CUDA present and an NCCL backend),
-    whose works report completion without ``wait`` and whose bounded ``wait`` blocks the host."""
+    """Whether ``group``'s (None: the default group's) point-to-point traffic runs on NCCL, whose
+    works report completion without ``wait`` and whose bounded ``wait`` blocks the host."""
     import torch
     import torch.distributed as dist
 
-    if group is None or not torch.cuda.is_available():
+    if not torch.cuda.is_available() or not dist.is_initialized():
         return False
+    if group is None:  # a P2POp without a group runs on the default one
+        group = dist.group.WORLD
     try:
         return "nccl" in str(dist.get_backend(group)).lower()
     except (RuntimeError, ValueError):
