@@ -204,3 +204,30 @@ def test_the_shm_check_names_the_size_and_how_to_raise_it(monkeypatch, capsys) -
     code = launcher.main(["run", "train_configs/debug_cpu.toml", "--morph.transport", "delegate"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: [morph] transport = 'delegate'")
+
+
+def test_a_failed_device_copy_names_rank_link_and_message_and_leaves_the_slot(monkeypatch) -> None:
+    from titan_morph.comm.records import MessageRecord
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(SlotPath, "_cuda_pack", boom)
+    dg = DelegateEnd(0, "fwd", 0, True, f"titan_morph_test_cp{os.getpid()}_", 1, 0)
+    path = SlotPath(_clock(), SimpleNamespace(check=lambda dg: None), 2, torch.device("cpu"))  # type: ignore[arg-type]
+    tensor = SimpleNamespace(is_cuda=True, numel=lambda: 4, element_size=lambda: 4)
+    rec = MessageRecord("send", 0, "fwd", 7, 16, 1, 1, issued=0.0)
+    try:
+        with pytest.raises(
+            RuntimeError,
+            match=r"stage 0 \(rank 0\): send delegate #0 of link 0 \(fwd, peer stage 1\): device→host copy of "
+            r"message 7 into slot 0 .* failed: CUDA error: an illegal memory access",
+        ):
+            path.put(dg, 0, [SimpleNamespace(tensor=tensor)], rec)  # type: ignore[list-item]
+        assert dg.cursor == {0: 0} and path.copies_pending() == 0  # the slot is as it was
+    finally:
+        for seg in dg.segments.values():
+            seg.close()
+            seg.unlink()
+        for fd in (dg.cmd_r, dg.cmd_w, dg.out_r, dg.out_w):
+            os.close(fd)

@@ -175,7 +175,13 @@ class SlotPath:
         seg.set_flag(slot, NBYTES, total)
         event = None
         if any(t.is_cuda for t in tensors):
-            event = self._cuda_pack(seg, slot, tensors, offsets, local + 1)  # FILLED: stream-ordered, last
+            try:
+                event = self._cuda_pack(seg, slot, tensors, offsets, local + 1)  # FILLED: stream-ordered, last
+            except RuntimeError as e:  # torch's CUDA errors say neither rank nor link
+                raise RuntimeError(
+                    f"{self.clock.where()}: {dg.describe()}: device→host copy of message {rec.seq} into slot "
+                    f"{slot} of {seg.name} failed: {e}"
+                ) from e
             self._track_copy(event)
         else:
             pack(seg.slot(slot), tensors, offsets)
@@ -226,7 +232,14 @@ class SlotPath:
             raise DelegateError(f"{dg.describe()}: slot {slot} of {seg.name} is not READY for message {rec.seq}")
         value = local + 1
         if any(t.is_cuda for t in tensors):
-            self._cuda_unpack(seg, slot, tensors, offsets, value)
+            try:
+                self._cuda_unpack(seg, slot, tensors, offsets, value)
+            except RuntimeError as e:  # torch's CUDA errors say neither rank nor link
+                rec.status = "error"
+                raise RuntimeError(
+                    f"{clock.where()}: {dg.describe()}: host→device copy of message {rec.seq} from slot {slot} of "
+                    f"{seg.name} failed: {e}"
+                ) from e
         else:
             unpack(seg.slot(slot), tensors, offsets)
             seg.set_flag(slot, CONSUMED, value)
