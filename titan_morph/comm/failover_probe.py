@@ -4,10 +4,10 @@ default path.
 After the default path of a link failed, a prober thread makes a fresh 2-rank group (one per
 direction on NCCL) and exchanges a tensor on it every ``probe_interval_s``, on the same group while
 the probes succeed, so a recovering link makes one communicator, not one per probe (both ranks;
-each probe's result agreed through the store). After ``recover_probes`` good probes in a row the link moves back at a step boundary
-both ranks name in advance: the lower rank posts step + 2 (ranks are within one step of each other,
-because every step ends with a collective). A default path under the link emulator is not probed
-(its ``inf`` is the model's, not a real failure).
+each probe's result agreed through the store). After ``recover_probes`` good probes in a row the
+link moves back at a step boundary both ranks name in advance: the lower rank posts step + 2 (ranks
+are within one step of each other, because every step ends with a collective). A default path under
+the link emulator is not probed (its ``inf`` is the model's, not a real failure).
 """
 
 from __future__ import annotations
