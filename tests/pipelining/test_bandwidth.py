@@ -303,3 +303,21 @@ def test_cli_transmit_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
     # A time-varying latency model gets the run transmit times on top.
     out = _cli_json(capsys, *argv, "--run-random", "5,0,10,10")
     assert "transmit [12, 12] ms per message" in str(out["run_links"])
+
+
+def test_alg2_takes_latency_plus_transmit_and_the_generator_queues() -> None:
+    """Alg. 2 under bandwidth: Eq. 1 with c + tau; the generator then times the warm-up bursts on
+    the wire, which the delay-only plan for a delay tau misjudges (the issue's 890 and 1010 ms)."""
+    from titan_morph.pipelining.slackness import adapted_warmup
+
+    for tau in OPTIMUM:
+        model = CostModel.uniform(4, 24, 10, 10, 10, delays=(0.0, 3.0, 2.0), transmit=(0.0, 0.0, tau))
+        assert adapted_warmup(model) == adapted_warmup(model.with_delays((0.0, 3.0, 2.0 + tau)).with_transmit(0.0))
+    spans = {}
+    for tau in OPTIMUM:
+        model = CostModel.uniform(4, 24, 10, 10, 10, transmit=(0.0, 0.0, tau))
+        plan = build("pipemorph", model)  # no search
+        spans[tau] = makespan(model, plan.orders)
+        old = build("pipemorph", model.with_delays((0.0, 0.0, tau)).with_transmit(0.0))
+        assert makespan(model, old.orders) == {15.0: 765.0, 20.0: 770.0, 25.0: 890.0, 30.0: 1010.0}[tau]
+    assert spans == OPTIMUM

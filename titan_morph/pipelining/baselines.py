@@ -157,7 +157,7 @@ def warmup_for(schedule: str, model: CostModel) -> tuple[int, ...]:
     if schedule == "dualpipe-v":
         return tuple(min(n, s_count - s) for s in range(s_count))
     if schedule == "pipemorph-v":
-        if any(c > 0 for c in model.delays):
+        if any(c > 0 for c in model.delays) or model.has_transmit:
             return adapted_warmup(model)
         memory = model.memory if model.memory is not None else zbv_memory(model)
         return initial_warmup(s_count, n, memory, stages_per_rank=2)
@@ -166,7 +166,7 @@ def warmup_for(schedule: str, model: CostModel) -> tuple[int, ...]:
     if schedule == "zb-h2":
         return tuple(min(n, 2 * (s_count - i) - 1) for i in range(s_count))
     if schedule == "pipemorph":
-        if any(c > 0 for c in model.delays):
+        if any(c > 0 for c in model.delays) or model.has_transmit:
             return adapted_warmup(model)
         budget = model.memory if model.memory is not None else n
         return initial_warmup(s_count, n, budget)
