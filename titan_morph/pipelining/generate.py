@@ -50,7 +50,10 @@ Deviations from the paper's pseudo-code (and why):
   O(S·N·log N).
 
 The generator assumes a non-blocking (delegated, §5) transport, as the paper's Alg. 4 does; the
-timing routine (:mod:`simulate`) evaluates the resulting orders under blocking links too.
+timing routine (:mod:`simulate`) evaluates the resulting orders under blocking links too. Links
+with a transmit time (``model.transmit``, the bandwidth model of :mod:`links`) send one message
+at a time per direction: the generator times each message as the simulator does, max(end, wire
+free) + tau + c, so a warm-up burst queues on a slow wire here exactly as it will at run time.
 """
 
 from __future__ import annotations

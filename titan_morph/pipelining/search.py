@@ -25,7 +25,9 @@ looks for the schedule with the lowest makespan (or, given delay samples, the lo
 
 Every candidate is timed by the planner's one timing routine (:func:`simulate.time_codes`), or,
 under static non-blocking links with one delay vector, by the generator's own timeline, which is
-the same (tested).
+the same (tested). Both time links with a transmit time (``model.transmit``, or the static links'
+own) as the bandwidth model: one message at a time per wire; the order moves' estimates count a
+message as latency + transmit without its queueing, and every move is then timed exactly.
 
 Seeds, always evaluated (so the result is never worse than any of them): every baseline builder
 whose warm-up fits the memory budget (1F1B, ZB-H1, ZB-H2, GPipe; 1F1B with split backward times as
