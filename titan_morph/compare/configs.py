@@ -22,9 +22,9 @@ class ComparisonError(ValueError):
 
 def resolve_settings(config: Path, overrides: Sequence[str]) -> Settings:
     """The resolved settings of ``--job.config_file config *overrides``; one error line when bad."""
-    from titan_morph.integration.jobconfig import load
+    from titan_morph.integration.release import current
 
     try:
-        return load(config, overrides)[1]
+        return current().load(config, overrides)[1]
     except ConfigError as err:
         raise ComparisonError(f"{config}: {err}") from None

@@ -141,9 +141,9 @@ def run_command(
     config: Path, dump: Path, nproc: int, steps: int, overrides: Sequence[str], python: str = sys.executable
 ) -> list[str]:
     """The torchrun command of one job (standalone rendezvous: a free port per job)."""
-    from titan_morph.integration.supervisor import torchrun_command
+    from titan_morph.integration.release import current
 
-    return torchrun_command(config, dump, nproc, ["--training.steps", str(steps), *overrides], python)
+    return current().train_command(config, dump, nproc, ["--training.steps", str(steps), *overrides], python)
 
 
 def error_line(log: str) -> str:
@@ -302,10 +302,10 @@ def run_job(
 def run_checked(config: Path, dump: Path, overrides: Sequence[str], timeout_s: float, nproc: int = 4) -> Path:
     """One ``nproc``-rank job of ``config`` with :func:`run_job`'s clean-up; raise ``RuntimeError``
     (with the end of its log) unless it finished. For scripts that need every run (benchmarks)."""
-    from titan_morph.integration.supervisor import torchrun_command
+    from titan_morph.integration.release import current
 
     args = ["--parallelism.pipeline_parallel_degree", str(nproc), *overrides]
-    command = torchrun_command(config, dump, nproc, args)
+    command = current().train_command(config, dump, nproc, args)
     outcome = run_job(command, dump, variant=dump.name, case="", timeout_s=timeout_s)
     if not outcome.ok:
         log = (dump / LOG_FILE).read_text(errors="replace")

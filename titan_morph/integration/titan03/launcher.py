@@ -72,6 +72,7 @@ def run(
     if log_rank:
         check_log_ranks(log_rank, n)
     shown = log_rank or str(loss_rank(settings, n))
+    os.environ["LOG_RANK"] = shown  # TorchTitan 0.3.0 warns unless the loss rank is listed there
     run_id = os.environ.setdefault("TITAN_MORPH_RUN_ID", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
     print(
         f"run_train.sh: TorchTitan 0.3.0, {n} ranks, config {module}:{function}, run id {run_id}, showing rank(s)"

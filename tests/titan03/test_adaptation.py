@@ -1,0 +1,34 @@
+"""TorchTitan 0.3.0: live adaptation end to end (4 real ranks, synthetic testbed).
+
+``adapt_cpu`` with short windows: link 2-3 turns slow (60 ms) at step 3 and recovers after step 5;
+with k = m = 2 the monitor decides after step 4 on every rank, runs the adapted plan with link 2
+on the delegates, then returns to the initial plan and the default path (as on 0.2.2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.titan03.runs import losses, train
+
+
+def test_detect_replan_delegate_and_recover(tmp_path: Path) -> None:
+    steps = 8
+    args = ("--training.steps", str(steps), "--training.seq_len", "16")
+    window = ("--morph.inject.start_step", "3", "--morph.inject.end_step", "5")
+    rules = ("--morph.detect_consecutive", "2", "--morph.recover_consecutive", "2")
+    run = train(tmp_path / "adapt", *args, *window, *rules, config="adapt_cpu", timeout_s=400)
+    losses(run, steps)
+    all_steps = list(range(1, steps + 1))
+    delay = run.scalars("morph/delay_ms/link2")
+    assert sorted(delay) == all_steps, delay
+    assert all(55 <= delay[s] <= 80 for s in (3, 4)), delay
+    slow = run.scalars("morph/straggling/link2")
+    assert [slow[s] for s in all_steps][:4] == [0, 0, 0, 1], slow
+    assert slow[steps] == 0, slow
+    delegated = run.scalars("morph/delegated/link2")
+    assert delegated[4] == 1 and delegated[steps] == 0, delegated
+    plan = run.scalars("morph/plan_id")
+    assert plan[1] == plan[4] == plan[steps] and plan[5] != plan[1], plan
+    assert "link 2 slow: delay" in run.output and "link 2 recovered" in run.output
+    assert "titan_morph: run summary" in run.output
