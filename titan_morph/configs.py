@@ -215,6 +215,6 @@ def hybrid_cpu() -> MorphTrainer.Config:
     )
     config.training.mixed_precision_param = "float32"
     config.checkpoint = CheckpointManager.Config(
-        enable=True, folder="checkpoint", interval=1000, last_save_model_only=True
+        enable=True, folder="checkpoint", interval=1000, last_save_model_only=True, initial_load_model_only=False
     )
     return config
