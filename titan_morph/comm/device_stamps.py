@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from titan_morph.comm.devices import bind_device
+from titan_morph.comm.devices import bind_device, cuda_events
 
 __all__ = ["DeviceStamps", "ReadyStamp"]
 
@@ -57,15 +57,7 @@ class DeviceStamps:
         now: Callable[[], float] = time.monotonic,
         poll_s: float = POLL_S,
     ) -> None:
-        if new_event is None or stream is None:
-            import torch
-
-            def cuda_event() -> Event:
-                event: Event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # untyped in torch
-                return event
-
-            new_event = new_event or cuda_event
-            stream = stream or (lambda: torch.cuda.current_stream(device))
+        new_event, stream = cuda_events(device, new_event, stream)
         self.device = device
         self._new_event, self._stream, self._now, self.poll_s = new_event, stream, now, poll_s
         self._pending: deque[ReadyStamp] = deque()

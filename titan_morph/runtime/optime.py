@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from titan_morph.comm.devices import cuda_events
 from titan_morph.runtime.testbed import DeviceClock
 
 __all__ = ["CLOCK_CODES", "EventTimer", "HostTimer", "OpSpan", "OpTimer", "DeviceClockTimer", "op_timer"]
@@ -130,15 +131,7 @@ class EventTimer:
         stream: Callable[[], Any] | None = None,
         now: Callable[[], float] = time.monotonic,
     ) -> None:
-        if new_event is None or stream is None:
-            import torch
-
-            def cuda_event() -> Event:
-                event: Event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # untyped in torch
-                return event
-
-            new_event = new_event or cuda_event
-            stream = stream or (lambda: torch.cuda.current_stream(device))
+        new_event, stream = cuda_events(device, new_event, stream, enable_timing=True)
         self._new_event, self._stream, self._now = new_event, stream, now
         self._ref: tuple[Event, float] | None = None
         self._pending: deque[tuple[tuple[Event, float], str, int, int, Event, Event]] = deque()
