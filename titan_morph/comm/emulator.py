@@ -63,6 +63,8 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -88,6 +90,19 @@ class _Outgoing:
         self.done = threading.Event()
         self.handles: list[Handle] = []
         self.error: BaseException | None = None
+
+
+_T = TypeVar("_T", bound=threading.Thread)
+
+
+def _started(threads: dict[tuple[int, str], _T], key: tuple[int, str], make: Callable[[], _T]) -> _T:
+    """The thread serving ``key`` (a (link, direction)), made and started on its first message: the
+    senders and the receive watchers are both one thread per direction, started lazily."""
+    thread = threads.get(key)
+    if thread is None:
+        thread = threads[key] = make()
+        thread.start()
+    return thread
 
 
 class _Sender(threading.Thread):
@@ -343,18 +358,10 @@ class EmulatedTransport(DefaultPathOnly, MessageBook, Transport):
 
     # -- issue path ------------------------------------------------------------------------
     def _sender(self, link: int, direction: str) -> _Sender:
-        s = self._senders.get((link, direction))
-        if s is None:
-            s = self._senders[(link, direction)] = _Sender(self, link, direction)
-            s.start()
-        return s
+        return _started(self._senders, (link, direction), lambda: _Sender(self, link, direction))
 
     def _watcher(self, link: int, direction: str) -> RecvWatcher:
-        w = self._watchers.get((link, direction))
-        if w is None:
-            w = self._watchers[(link, direction)] = RecvWatcher(self, link, direction)
-            w.start()
-        return w
+        return _started(self._watchers, (link, direction), lambda: RecvWatcher(self, link, direction))
 
     def _refuse(self, link: int, direction: str, ops: list[dist.P2POp], when: str) -> LinkDownError:
         """Refuse a send on a down link. Its payload still travels, undelayed and behind earlier
