@@ -405,8 +405,7 @@ class DelayedGroup(dist.ProcessGroup):
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> dist.Work:
         opts = opts if opts is not None else dist.AllgatherOptions()  # type: ignore[attr-defined]  # not in torch's stub
-        run = lambda: [self.inner._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]  # noqa: E731
-        return self._issue("allgather", run, outputs)
+        return self._per_pair("allgather", self.inner._allgather_base, outputs, inputs, opts)
 
     def reduce_scatter(  # type: ignore[override]  # torch's stub has only the Python API's form
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
@@ -425,8 +424,19 @@ class DelayedGroup(dist.ProcessGroup):
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> dist.Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        run = lambda: [self.inner._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]  # noqa: E731
-        return self._issue("reduce_scatter", run, outputs)
+        return self._per_pair("reduce_scatter", self.inner._reduce_scatter_base, outputs, inputs, opts)
+
+    def _per_pair(
+        self,
+        op: str,
+        base: Callable[[torch.Tensor, torch.Tensor, Any], dist.Work],
+        outputs: list[torch.Tensor],
+        inputs: list[torch.Tensor],
+        opts: Any,
+    ) -> dist.Work:
+        """A coalesced call as gloo's single-tensor ``base`` once per (output, input), issued and
+        delayed as one collective ``op``: the all-gather and the reduce-scatter forms alike."""
+        return self._issue(op, lambda: [base(o, i, opts) for o, i in zip(outputs, inputs)], outputs)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:  # type: ignore[override]  # torch's stub has only the Python API's form
         opts = opts if opts is not None else dist.BroadcastOptions()
