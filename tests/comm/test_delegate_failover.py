@@ -50,8 +50,14 @@ def _failover(rank: int, world: int) -> dict:
             for h in sends:
                 h.wait(30.0)
             dist.barrier()
-        routed, delegated = sorted(tr.routed), sorted(tr.delegated())
-        return {"bad": bad, "failovers": tr.failovers, "log": tr.failover_log, "routed": routed, "delegated": delegated}
+        routed, delegated = sorted(tr.router.routed), sorted(tr.delegated())
+        return {
+            "bad": bad,
+            "failovers": tr.failovers,
+            "log": tr.router.failover_log,
+            "routed": routed,
+            "delegated": delegated,
+        }
 
 
 def test_link_down_mid_run_fails_over_to_delegates() -> None:

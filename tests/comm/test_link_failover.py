@@ -98,7 +98,7 @@ def _stream(rank: int, world: int, scenario: str) -> dict:
                     out["bad"].append(f"step {step} message {i} ({theirs})")
             for h in sends:
                 h.wait()
-            out["routed"][step] = sorted(tr.routed)
+            out["routed"][step] = sorted(tr.router.routed)
             out.setdefault("tags", {})[step] = groups.group(0).tag
             dist.barrier()
             if scenario == "break" and step >= 5:
@@ -107,8 +107,8 @@ def _stream(rank: int, world: int, scenario: str) -> dict:
         out["error"] = str(e)
     out.update(
         failovers=tr.failovers,
-        fallbacks=tr.fallbacks,
-        log=[(s, link, d) for s, link, d, _ in tr.failover_log],
+        fallbacks=tr.router.fallbacks,
+        log=[(s, link, d) for s, link, d, _ in tr.router.failover_log],
         tag=groups.group(0).tag,
     )
     tr.close(timeout=5.0, drain=not out["error"])

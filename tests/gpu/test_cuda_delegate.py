@@ -212,7 +212,7 @@ def _failover(rank: int, world: int) -> dict:
             for h in sends:
                 h.wait(60.0)
             dist.barrier()
-        return {"bad": bad, "failovers": tr.failovers, "routed": sorted(tr.routed)}
+        return {"bad": bad, "failovers": tr.failovers, "routed": sorted(tr.router.routed)}
 
 
 @pytest.mark.skipif(

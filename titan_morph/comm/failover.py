@@ -125,36 +125,11 @@ class FailoverTransport(Transport):
         self._watcher = self.router.thread(self.router.watch, "titan_morph-failover-watch")
         close_at_exit(self)
 
-    # -- what the router counts ------------------------------------------------------------------
+    # -- the Transport protocol (routes, moves and their log: ``self.router``) ---------------------
     @property
     def failovers(self) -> int:
         return self.router.failovers
 
-    @property
-    def fallbacks(self) -> int:
-        """(link, direction) moved back to the default path because a delegate failed."""
-        return self.router.fallbacks
-
-    @property
-    def failover_log(self) -> list[tuple[int, int, str, str]]:
-        """(step, link, direction, why) of every move after a failure."""
-        return self.router.failover_log
-
-    @property
-    def routed(self) -> set[tuple[int, str]]:
-        """(link, direction) on the delegates now."""
-        return self.router.routed
-
-    @property
-    def switched(self) -> set[tuple[int, str]]:
-        """(link, direction) delegated by :meth:`switch` (not by a failure)."""
-        return self.router.switched
-
-    @property
-    def step(self) -> int:
-        return self.router.step
-
-    # -- the Transport protocol --------------------------------------------------------------
     @property
     def timeout_s(self) -> float:
         return self.router.timeout_s
@@ -219,7 +194,7 @@ class FailoverTransport(Transport):
         # receives first (they never block), then sends, as every transport issues a batch
         for (link, d, send), mops in sorted(messages.items(), key=lambda kv: kv[0][2]):
             kind = Message if send else Recv
-            msg = kind(self.resender, (link, d), self.step, mops)
+            msg = kind(self.resender, (link, d), self.router.step, mops)
             self._issue(msg, send, desc)
             handles.append(msg)
         return handles
