@@ -9,6 +9,7 @@ import time
 import pytest
 
 from titan_morph.comm.device_stamps import DeviceStamps
+from titan_morph.comm.devices import StreamMarks
 from titan_morph.comm.records import MessageRecord
 from titan_morph.monitor.delays import estimate_links
 from titan_morph.runtime.exchange import step_profile
@@ -41,7 +42,7 @@ class FakeEvent:
 
 def test_marks_are_stamped_when_the_device_passes_them_in_order() -> None:
     queue, now = FakeQueue(), [50.0]
-    stamps = DeviceStamps(new_event=lambda: FakeEvent(queue), stream=lambda: None, now=lambda: now[0], poll_s=1e-4)
+    stamps = DeviceStamps(marks=StreamMarks(lambda: FakeEvent(queue), lambda: None, lambda: now[0]), poll_s=1e-4)
     try:
         queue.work()
         first = stamps.mark()

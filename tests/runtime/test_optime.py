@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.launch import run_ranks
+from titan_morph.comm.devices import StreamMarks
 from titan_morph.runtime.optime import CLOCK_CODES, DeviceClockTimer, EventTimer, HostTimer, op_timer
 from titan_morph.runtime.testbed import DeviceClock
 
@@ -41,7 +42,7 @@ class FakeEvent:
 
 
 def _timer(stream: FakeStream, host: list[float]) -> EventTimer:
-    return EventTimer(new_event=lambda: FakeEvent(stream), stream=lambda: None, now=lambda: host[0])
+    return EventTimer(marks=StreamMarks(lambda: FakeEvent(stream), lambda: None, lambda: host[0]))
 
 
 def test_event_times_are_device_times_known_only_once_the_device_ran_them() -> None:
@@ -98,7 +99,7 @@ def _worker(rank: int, world: int, use_events: bool) -> dict:
     timer = None
     if use_events:
         stream, host = FakeStream(0.0), [0.0]
-        timer = EventTimer(new_event=lambda: FakeEvent(stream), stream=lambda: None, now=lambda: host[0])
+        timer = EventTimer(marks=StreamMarks(lambda: FakeEvent(stream), lambda: None, lambda: host[0]))
         start_step = timer.start_step
 
         def step_begins() -> None:  # the device catches up with everything queued before this step

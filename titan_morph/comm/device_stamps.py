@@ -18,10 +18,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any, Protocol
 
-from titan_morph.comm.devices import bind_device, cuda_events
+from titan_morph.comm.devices import StreamMarks, bind_device
 
 __all__ = ["DeviceStamps", "ReadyStamp"]
 
@@ -46,20 +45,12 @@ class ReadyStamp:
 
 class DeviceStamps:
     """Marks points of the issuing stream and stamps when the device passed each (see the module
-    docstring). ``new_event`` and ``stream`` default to torch's for ``device`` (tests pass fakes)."""
+    docstring). ``marks`` defaults to torch's CUDA events on ``device`` (tests pass fakes)."""
 
-    def __init__(
-        self,
-        device: Any = None,
-        *,
-        new_event: Callable[[], Event] | None = None,
-        stream: Callable[[], Any] | None = None,
-        now: Callable[[], float] = time.monotonic,
-        poll_s: float = POLL_S,
-    ) -> None:
-        new_event, stream = cuda_events(device, new_event, stream)
+    def __init__(self, device: Any = None, *, marks: StreamMarks[Event] | None = None, poll_s: float = POLL_S) -> None:
+        marks = marks or StreamMarks.cuda(device)
         self.device = device
-        self._new_event, self._stream, self._now, self.poll_s = new_event, stream, now, poll_s
+        self._new_event, self._stream, self._now, self.poll_s = marks.new_event, marks.stream, marks.now, poll_s
         self._pending: deque[ReadyStamp] = deque()
         self._cond = threading.Condition()
         self._closed = False

@@ -8,12 +8,14 @@ such thread calls :func:`bind_device` first.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import torch
 
-__all__ = ["bind_device", "cuda_events", "is_cuda"]
+__all__ = ["StreamMarks", "bind_device", "is_cuda"]
 
 E = TypeVar("E")
 
@@ -31,18 +33,21 @@ def bind_device(device: torch.device | None) -> None:
     torch.cuda.set_device(device if device.index is not None else torch.cuda.current_device())
 
 
-def cuda_events(
-    device: Any,
-    new_event: Callable[[], E] | None,
-    stream: Callable[[], Any] | None,
-    *,
-    enable_timing: bool = False,
-) -> tuple[Callable[[], E], Callable[[], Any]]:
-    """``new_event`` and ``stream``, each defaulting to torch's CUDA one for ``device``: the send
-    stamps (:mod:`~titan_morph.comm.device_stamps`) and the op timer (``runtime.optime``) mark the
-    same stream the same way, only the timer's events keep time; tests pass fakes of both."""
+@dataclass(frozen=True)
+class StreamMarks(Generic[E]):
+    """How to mark a point of the issuing stream (``new_event`` then its ``record(stream())``) and
+    read the host clock: the send stamps (:mod:`~titan_morph.comm.device_stamps`) and the op timer
+    (``runtime.optime``) mark the same stream the same way; tests pass fakes of all three."""
 
-    def cuda_event() -> E:
-        return cast(E, torch.cuda.Event(enable_timing=enable_timing))  # type: ignore[no-untyped-call]  # untyped in torch
+    new_event: Callable[[], E]
+    stream: Callable[[], Any]
+    now: Callable[[], float] = time.monotonic
 
-    return new_event or cuda_event, stream or (lambda: torch.cuda.current_stream(device))
+    @classmethod
+    def cuda(cls, device: Any, *, enable_timing: bool = False) -> StreamMarks[Any]:
+        """torch's CUDA events on ``device``'s current stream (``enable_timing``: events that keep time)."""
+
+        def cuda_event() -> Any:
+            return torch.cuda.Event(enable_timing=enable_timing)  # type: ignore[no-untyped-call]  # untyped in torch
+
+        return StreamMarks(cuda_event, lambda: torch.cuda.current_stream(device))

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from titan_morph.comm.devices import cuda_events
+from titan_morph.comm.devices import StreamMarks
 from titan_morph.runtime.testbed import DeviceClock
 
 __all__ = ["CLOCK_CODES", "EventTimer", "HostTimer", "OpSpan", "OpTimer", "DeviceClockTimer", "op_timer"]
@@ -118,21 +117,14 @@ class Event(Protocol):
 
 
 class EventTimer:
-    """CUDA events on the stage's stream (see the module docstring). ``new_event`` and ``stream``
-    default to torch's for ``device``; tests pass a fake device clock's."""
+    """CUDA events on the stage's stream (see the module docstring). ``marks`` defaults to torch's
+    CUDA events on ``device``; tests pass a fake device clock's."""
 
     clock = "cuda"
 
-    def __init__(
-        self,
-        device: Any = None,
-        *,
-        new_event: Callable[[], Event] | None = None,
-        stream: Callable[[], Any] | None = None,
-        now: Callable[[], float] = time.monotonic,
-    ) -> None:
-        new_event, stream = cuda_events(device, new_event, stream, enable_timing=True)
-        self._new_event, self._stream, self._now = new_event, stream, now
+    def __init__(self, device: Any = None, *, marks: StreamMarks[Event] | None = None) -> None:
+        marks = marks or StreamMarks.cuda(device, enable_timing=True)
+        self._new_event, self._stream, self._now = marks.new_event, marks.stream, marks.now
         self._ref: tuple[Event, float] | None = None
         self._pending: deque[tuple[tuple[Event, float], str, int, int, Event, Event]] = deque()
 
