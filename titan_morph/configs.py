@@ -103,15 +103,14 @@ def _job(
     )
 
 
-def _pp(degree: int = 4, schedule: str = "PipeMorph", **kwargs: object) -> ParallelismConfig:
+def _pp(degree: int = 4, schedule: str = "PipeMorph", shard: int = 1) -> ParallelismConfig:
     return ParallelismConfig(
         data_parallel_replicate_degree=1,
-        data_parallel_shard_degree=int(kwargs.pop("data_parallel_shard_degree", 1)),  # type: ignore[call-overload]
+        data_parallel_shard_degree=shard,
         tensor_parallel_degree=1,
         pipeline_parallel_degree=degree,
         pipeline_parallel_schedule=schedule,
         pipeline_parallel_microbatch_size=1,
-        **kwargs,  # type: ignore[arg-type]
     )
 
 
@@ -203,7 +202,7 @@ def hybrid_cpu() -> MorphTrainer.Config:
         local_batch_size=24,
         seq_len=16,
         steps=12,
-        parallelism=_pp(2, data_parallel_shard_degree=2),
+        parallelism=_pp(2, shard=2),
         morph=Morph(
             memory_budget=4,
             transport="auto",
