@@ -167,9 +167,7 @@ def test_transmit_never_speeds_a_plan_up() -> None:
 OPTIMUM = {15.0: 765.0, 20.0: 770.0, 25.0: 775.0, 30.0: 840.0}
 
 
-@pytest.mark.parametrize(
-    "tau", [15.0, pytest.param(20.0, marks=pytest.mark.slow), 25.0, pytest.param(30.0, marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("tau", sorted(OPTIMUM))
 def test_pipemorph_within_two_percent_of_the_optimum(tau: float) -> None:
     model = CostModel.uniform(4, 24, 10, 10, 10, transmit=(0.0, 0.0, tau))
     result = search_detailed(model)
