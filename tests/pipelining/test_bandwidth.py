@@ -306,11 +306,17 @@ def test_cli_transmit_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
 def test_alg2_takes_latency_plus_transmit_and_the_generator_queues() -> None:
     """Alg. 2 under bandwidth: Eq. 1 with c + tau; the generator then times the warm-up bursts on
     the wire, which the delay-only plan for a delay tau misjudges (the issue's 890 and 1010 ms)."""
-    from titan_morph.pipelining.slackness import adapted_warmup
+    from titan_morph.pipelining.slackness import adapted_warmup, required_slackness, tolerates
 
     for tau in OPTIMUM:
         model = CostModel.uniform(4, 24, 10, 10, 10, delays=(0.0, 3.0, 2.0), transmit=(0.0, 0.0, tau))
-        assert adapted_warmup(model) == adapted_warmup(model.with_delays((0.0, 3.0, 2.0 + tau)).with_transmit(0.0))
+        as_delay = model.with_delays((0.0, 3.0, 2.0 + tau)).with_transmit(0.0)
+        assert adapted_warmup(model) == adapted_warmup(as_delay)
+        assert (
+            required_slackness(model, 2) == required_slackness(as_delay, 2) == math.ceil((20 + 2 * (2 + tau)) / 20)
+        )  # Eq. 1
+        x = adapted_warmup(model)
+        assert tolerates(model, x, 2) and not tolerates(model, (x[0], x[1], x[2] - 1, 1), 2)
     spans = {}
     for tau in OPTIMUM:
         model = CostModel.uniform(4, 24, 10, 10, 10, transmit=(0.0, 0.0, tau))

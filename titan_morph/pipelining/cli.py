@@ -457,7 +457,8 @@ def _summary(out: PlannedRun) -> str:
         ]
         for i in range(model.num_links):
             tol = tolerance_ms(model, plan.warmup, i)
-            ok = "yes" if run[i] <= tol + 1e-9 else "NO"
+            cost = run[i] + (out.run_transmit[i] if out.run_transmit else 0.0)  # a message's least cost
+            ok = "yes" if cost <= tol + 1e-9 else "NO"
             hops = model.link_hops(i)
             delta = ",".join(str(plan.slackness[h]) for h in hops)
             width = 8 if v else 3

@@ -75,8 +75,9 @@ def tolerance_ms(model: CostModel, warmup: Sequence[int], link: int) -> float:
 
 
 def tolerates(model: CostModel, warmup: Sequence[int], link: int, delay_ms: float | None = None) -> bool:
-    """Eq. 1: does link ``link`` absorb ``delay_ms`` (default: ``model.delays[link]``) without cascading?"""
-    c = model.delays[link] if delay_ms is None else float(delay_ms)
+    """Eq. 1: does link ``link`` absorb ``delay_ms`` (default: the link's latency + transmit time,
+    a message's least cost) without cascading?"""
+    c = model.delays[link] + model.transmit[link] if delay_ms is None else float(delay_ms)
     if not c >= 0:
         raise ValueError(f"delay_ms must be >= 0 ms, got {delay_ms}")
     return c <= tolerance_ms(model, warmup, link) + 1e-9
@@ -92,13 +93,13 @@ def _required(model: CostModel, hop: int, c: float) -> int:
 
 
 def required_slackness(model: CostModel, link: int, delay_ms: float | None = None) -> int:
-    """Smallest integer Δ satisfying Eq. 1 (1-V) for the delay on ``link``, over the hops it
-    carries (0 if no slackness is needed).
+    """Smallest integer Δ satisfying Eq. 1 (1-V) for the delay on ``link`` (default: its latency +
+    transmit time), over the hops it carries (0 if no slackness is needed).
 
     Infinite delays (link down) cannot be absorbed: ``ValueError``.
     """
     _check_link(model, link)
-    c = model.delays[link] if delay_ms is None else float(delay_ms)
+    c = model.delays[link] + model.transmit[link] if delay_ms is None else float(delay_ms)
     if math.isinf(c):
         raise ValueError(f"link {link} is down (infinite delay): no slackness absorbs it")
     return max(_required(model, hop, c) for hop in model.link_hops(link))
