@@ -139,17 +139,15 @@ def _rank_bounds(
     return out
 
 
-def _link_bounds(
-    model: CostModel,
-    fwd: Sequence[float],
-    bwd: Sequence[float],
-    wgt: Sequence[float],
-    hop_c: Sequence[float],
-    hop_tau: Sequence[float],
-) -> list[float]:
+_Times = tuple[Sequence[float], Sequence[float], Sequence[float]]
+
+
+def _link_bounds(model: CostModel, times: _Times, hop_c: Sequence[float], hop_tau: Sequence[float]) -> list[float]:
     """Valid lower bounds from each wire's load (bandwidth model): a wire sends its K messages one
     at a time, so the last one finishes >= the earliest any of them can be produced + K·tau; then
-    its latency and the least work that follows a message of that wire until the iteration ends."""
+    its latency and the least work that follows a message of that wire until the iteration ends.
+    ``times``: F, B and W per stage."""
+    fwd, bwd, wgt = times
     last = model.stages - 1
     hop = [c + t for c, t in zip(hop_c, hop_tau)]  # the least a message of hop s takes
     head = [0.0] * model.stages  # earliest start of F on stage s
@@ -220,7 +218,7 @@ def _all_bounds(
     else:
         caps = [model.budget(s) for s in range(model.stages)]
         out = _stage_bounds(model.stages, model.microbatches, fwd, bwd, wgt, hop, caps)
-    return out + _link_bounds(model, fwd, bwd, wgt, hop_c, hop_tau)
+    return out + _link_bounds(model, (fwd, bwd, wgt), hop_c, hop_tau)
 
 
 def lower_bound_under(

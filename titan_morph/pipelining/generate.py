@@ -217,6 +217,20 @@ def check_policy(model: CostModel, policy: int | Sequence[int]) -> tuple[int, ..
     return pol
 
 
+def _on_wire(wire: list[float], index: int, ready: float, transmit: float) -> float:
+    """When a message ready at ``ready`` has left wire ``index`` (one message at a time, in issue
+    order: after the wire's previous message), which stays busy until then."""
+    done = (ready if ready > wire[index] else wire[index]) + transmit
+    wire[index] = done
+    return done
+
+
+def _queued(queue: LinkQueue | None, t0: float, ready: float, step: int) -> float:
+    """Arrival of a message ready at ``ready`` through a time-varying link's queue (the step starts
+    at ``t0`` on the link model's clock); at once on a link without one."""
+    return ready if queue is None else queue.send(t0 + ready, step).delivered - t0
+
+
 def run_generator(
     model: CostModel,
     warmup: Sequence[int],
@@ -385,16 +399,9 @@ def run_generator(
                 end = now + tf[s]
                 if s < last:
                     if qf is None:
-                        if txf and txf[s] > 0:
-                            w = wire[wf[s]]
-                            w = (end if end > w else w) + txf[s]
-                            wire[wf[s]] = w
-                            arrive = w + df[s]
-                        else:
-                            arrive = end + df[s]
+                        arrive = (_on_wire(wire, wf[s], end, txf[s]) if txf and txf[s] > 0 else end) + df[s]
                     else:
-                        queue = qf[s]
-                        arrive = end if queue is None else queue.send(t0 + end, step).delivered - t0
+                        arrive = _queued(qf[s], t0, end, step)
                     if track and rank_of[s + 1] != r:
                         heappush(coming_f[s + 1], arrive)
                     seq += 1
@@ -405,16 +412,9 @@ def run_generator(
                     pair[r] = (s, m)
                 if s > 0:
                     if qb is None:
-                        if txb and txb[s] > 0:
-                            w = wire[wb[s]]
-                            w = (end if end > w else w) + txb[s]
-                            wire[wb[s]] = w
-                            arrive = w + db[s]
-                        else:
-                            arrive = end + db[s]
+                        arrive = (_on_wire(wire, wb[s], end, txb[s]) if txb and txb[s] > 0 else end) + db[s]
                     else:
-                        queue = qb[s]
-                        arrive = end if queue is None else queue.send(t0 + end, step).delivered - t0
+                        arrive = _queued(qb[s], t0, end, step)
                     if track and rank_of[s - 1] != r:
                         heappush(coming_i[s - 1], arrive)
                     seq += 1
