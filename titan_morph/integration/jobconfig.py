@@ -18,14 +18,11 @@ Every problem is one :class:`~titan_morph.config.ConfigError` line naming the ke
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import os
 import re
 import sys
-import tempfile
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +31,8 @@ from titan_morph.config.cli import check_overrides, expand_negated_flags, option
 from titan_morph.config.fields import check_unknown_keys
 from titan_morph.config.schema import JobConfig as MorphJobConfig
 from titan_morph.config.schema import Morph
+from titan_morph.integration import common
+from titan_morph.integration.common import parse_quietly
 
 __all__ = [
     "CONFIG_MODULE",
@@ -115,40 +114,6 @@ def prepare_args(argv: Sequence[str]) -> list[str]:
     return args if named_on_cli or named_in_toml else [*args, "--job.custom_config_module", CONFIG_MODULE]
 
 
-@contextlib.contextmanager
-def _captured_output() -> Iterator[list[str]]:
-    """Everything written to file descriptors 1 and 2 (tyro's messages, TorchTitan's log) goes to a
-    temporary file; the list yielded receives the text when the block ends."""
-    sink: list[str] = []
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 1)
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield sink
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
-            tmp.seek(0)
-            sink.append(tmp.read().decode(errors="replace"))
-
-
-def _first_message(text: str) -> str:
-    """What a parser that :func:`check_overrides` let through still refused: the first line of
-    text in its output, box drawing removed."""
-    for raw in text.splitlines():
-        line = raw.strip().strip("│╭╮╰╯─ ").strip()
-        if line and not line.lower().startswith(("usage", "for full helptext")):
-            return f"command line: {line}"
-    return "command line: TorchTitan could not parse the arguments"
-
-
 def _parse_job_config(config_file: str | Path, overrides: Sequence[str]) -> Any:
     """TorchTitan's JobConfig for ``--job.config_file CONFIG *overrides``, as ``torchtitan.train``
     builds it, after the TOML's keys and the overrides' names and values were checked."""
@@ -166,52 +131,12 @@ def _parse_job_config(config_file: str | Path, overrides: Sequence[str]) -> Any:
     except ConfigError as err:
         raise ConfigError(f"{config_file}: {err}") from None
     check_overrides(argv, {**option_fields(TitanJobConfig), **_morph_options()})
-    error = ""
-    with _captured_output() as output:
-        try:
-            job_config = ConfigManager().parse_args(argv)
-        except SystemExit as exit_:
-            error = "help" if exit_.code in (0, None) else "parser"
-        except (ValueError, TypeError, ImportError) as err:
-            error = " ".join(str(err).split())
-    if error == "help":
-        print(output[0], end="")
-        raise SystemExit(0)
-    if error:
-        raise ConfigError(_first_message(output[0]) if error == "parser" else error)
-    return job_config
-
-
-def _stages_per_rank(job_config: Any) -> int | None:
-    """Stages per pipeline rank of titan_morph's TrainSpec (None = decided by the model); 1 for
-    other models, whose per-stage ``[morph]`` lists are not read."""
-    par = job_config.parallelism
-    if par.pipeline_parallel_degree < 2 or job_config.model.name != TRAIN_SPEC_NAME:
-        return 1
-    from titan_morph.integration.schedules import stages_per_rank_of
-
-    return stages_per_rank_of(par.pipeline_parallel_schedule, par.pipeline_parallel_layers_per_stage)
+    return parse_quietly(lambda: ConfigManager().parse_args(argv))
 
 
 def job_view(job_config: Any, ranks: int | None = None) -> JobView:
     """What titan_morph reads of a TorchTitan 0.2.2 JobConfig (``ranks``: the launcher's NGPU)."""
-    par, training, comm = job_config.parallelism, job_config.training, job_config.comm
-    return JobView(
-        pipeline_parallel_degree=int(par.pipeline_parallel_degree),
-        data_parallel_replicate_degree=int(par.data_parallel_replicate_degree),
-        data_parallel_shard_degree=int(par.data_parallel_shard_degree),
-        tensor_parallel_degree=int(par.tensor_parallel_degree),
-        context_parallel_degree=int(par.context_parallel_degree),
-        local_batch_size=int(training.local_batch_size),
-        microbatch_size=int(par.pipeline_parallel_microbatch_size),
-        schedule=str(par.pipeline_parallel_schedule),
-        stages_per_rank=_stages_per_rank(job_config),
-        steps=int(training.steps),
-        init_timeout_s=float(comm.init_timeout_seconds),
-        train_timeout_s=float(comm.train_timeout_seconds),
-        checkpoint=bool(job_config.checkpoint.enable),
-        ranks=ranks,
-    )
+    return common.job_view(job_config, ranks, job_config.model.name == TRAIN_SPEC_NAME)
 
 
 def _check_schedule(job_config: Any) -> None:
@@ -220,21 +145,13 @@ def _check_schedule(job_config: Any) -> None:
     par = job_config.parallelism
     if par.pipeline_parallel_degree < 2 or job_config.model.name != TRAIN_SPEC_NAME:
         return
-    from titan_morph.integration.schedules import check_schedule_name, schedule_names
-
     custom = job_config.experimental.custom_import
     if custom:
         try:
             importlib.import_module(custom)
         except ImportError as err:
             raise ConfigError(f"experimental.custom_import: {custom!r} cannot be imported: {err}") from None
-    try:
-        check_schedule_name(par.pipeline_parallel_schedule)
-    except ValueError:
-        allowed = ", ".join(schedule_names())
-        raise ConfigError(
-            f"parallelism.pipeline_parallel_schedule: {par.pipeline_parallel_schedule!r} is not one of {allowed}"
-        ) from None
+    common.check_schedule(par)
 
 
 # TorchTitan hands one JobConfig to the trainer, the model args and the TrainSpec's pipelining_fn, none

@@ -21,13 +21,25 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
 
 from titan_morph.config import ConfigError, Settings
 from titan_morph.integration.jobconfig import config_file_of, load, without_config_file
 from titan_morph.integration.shm_space import check_shm_space
 from titan_morph.integration.supervisor import TRAIN_MODULE, supervise_main, torchrun_args
 
-__all__ = ["EXIT_BAD_CONFIG", "check_devices", "check_log_ranks", "loss_rank", "main", "run"]
+__all__ = [
+    "EXIT_BAD_CONFIG",
+    "check_devices",
+    "check_log_ranks",
+    "checked_ranks",
+    "command_main",
+    "exec_torchrun",
+    "loss_rank",
+    "main",
+    "ranks_option",
+    "run",
+]
 
 EXIT_BAD_CONFIG = 2
 USAGE = """usage:
@@ -69,7 +81,34 @@ def check_log_ranks(spec: str, ranks: int) -> None:
             raise ConfigError(f"LOG_RANK: {spec!r} must name ranks of this job, 0..{ranks - 1}, separated by commas")
 
 
-def _ranks_option(nproc: str | None) -> int | None:
+def run(config_file: str, overrides: list[str], *, nproc: int | None = None, log_rank: str = "") -> int:
+    """``./run_train.sh``: check, then replace this process by the supervisor of torchrun (so the
+    memory of the check's imports is not held during training). Returns only on a bad config."""
+    job_config, settings = load(config_file, overrides, ranks=nproc)
+    n, shown = checked_ranks(settings, log_rank, lambda: check_shm_space(job_config, settings))
+    return exec_torchrun(
+        n,
+        shown,
+        lambda run_id: f"run_train.sh: {n} ranks, config {config_file}, run id {run_id}, showing rank(s) {shown}",
+        ["-m", TRAIN_MODULE, "--job.config_file", config_file, *overrides],
+    )
+
+
+def checked_ranks(settings: Settings, log_rank: str, check_shm: Callable[[], None]) -> tuple[int, str]:
+    """The launch's checks against the host, in the order both releases run them (devices,
+    ``check_shm``: /dev/shm for the delegates, ``LOG_RANK``); returns the ranks and those shown."""
+    n = settings.world_size
+    import torch
+
+    check_devices(n, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    check_shm()
+    if log_rank:
+        check_log_ranks(log_rank, n)
+    return n, log_rank or str(loss_rank(settings, n))
+
+
+def ranks_option(nproc: str | None) -> int | None:
+    """``--nproc``: a number of ranks (None when absent)."""
     if nproc is None:
         return None
     if not (nproc.isdigit() and int(nproc) >= 1):
@@ -77,40 +116,23 @@ def _ranks_option(nproc: str | None) -> int | None:
     return int(nproc)
 
 
-def run(config_file: str, overrides: list[str], *, nproc: int | None = None, log_rank: str = "") -> int:
-    """``./run_train.sh``: check, then replace this process by the supervisor of torchrun (so the
-    memory of the check's imports is not held during training). Returns only on a bad config."""
-    job_config, settings = load(config_file, overrides, ranks=nproc)
-    n = settings.world_size
-    import torch
-
-    check_devices(n, torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    check_shm_space(job_config, settings)
-    if log_rank:
-        check_log_ranks(log_rank, n)
-    shown = log_rank or str(loss_rank(settings, n))
-    run_id = os.environ.setdefault("TITAN_MORPH_RUN_ID", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
-    print(
-        f"run_train.sh: {n} ranks, config {config_file}, run id {run_id}, showing rank(s) {shown}",
-        file=sys.stderr,
-        flush=True,
-    )
-    torchrun = [
-        *torchrun_args(sys.executable, n, shown),
-        "-m",
-        TRAIN_MODULE,
-        "--job.config_file",
-        config_file,
-        *overrides,
-    ]
+def exec_torchrun(n: int, shown: str, banner: Callable[[str], str], train_args: Sequence[str]) -> int:
+    """Replace this process by the supervisor of torchrun over ``train_args`` (so the memory of the
+    check's imports is not held during training); ``banner``: the line announcing it, of the run id."""
+    rid = os.environ.setdefault("TITAN_MORPH_RUN_ID", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
+    print(banner(rid), file=sys.stderr, flush=True)
+    torchrun = [*torchrun_args(sys.executable, n, shown), *train_args]
     sys.stdout.flush()
     os.execv(sys.executable, [sys.executable, "-m", "titan_morph.launch", "supervise", "--", *torchrun])
     return 0  # not reached
 
 
-def main(argv: list[str]) -> int:
+def command_main(argv: list[str], usage: str, dispatch: Callable[[str, list[str], dict[str, str]], int]) -> int:
+    """The launcher's command line, as both releases read it: ``supervise`` runs here; ``run``'s
+    ``--nproc``/``--log-rank`` are taken off, then ``dispatch(command, args, options)`` runs with a
+    :class:`ConfigError` printed as one line and exit code 2."""
     if not argv or argv[0] not in ("run", "check", "supervise", "ngpu"):
-        print(USAGE, file=sys.stderr)
+        print(usage, file=sys.stderr)
         return EXIT_BAD_CONFIG
     command, args = argv[0], argv[1:]
     if command == "supervise":
@@ -118,6 +140,14 @@ def main(argv: list[str]) -> int:
     options: dict[str, str] = {}
     while command == "run" and args[:1] and args[0] in ("--nproc", "--log-rank") and len(args) > 1:
         options[args[0]], args = args[1], args[2:]
+    try:
+        return dispatch(command, args, options)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return EXIT_BAD_CONFIG
+
+
+def _dispatch(command: str, args: list[str], options: dict[str, str]) -> int:
     if not args:
         print(USAGE, file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -125,15 +155,15 @@ def main(argv: list[str]) -> int:
     named = config_file_of(overrides)  # --job.config_file among the overrides wins, as in TorchTitan's CLI
     if named:
         config_file, overrides = named, without_config_file(overrides)
-    try:
-        if command == "ngpu":
-            print(load(config_file, overrides)[1].world_size)
-        elif command == "check":
-            load(config_file, overrides)
-        else:
-            nproc = _ranks_option(options.get("--nproc"))
-            return run(config_file, overrides, nproc=nproc, log_rank=options.get("--log-rank", ""))
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        return EXIT_BAD_CONFIG
+    if command == "ngpu":
+        print(load(config_file, overrides)[1].world_size)
+    elif command == "check":
+        load(config_file, overrides)
+    else:
+        nproc = ranks_option(options.get("--nproc"))
+        return run(config_file, overrides, nproc=nproc, log_rank=options.get("--log-rank", ""))
     return 0
+
+
+def main(argv: list[str]) -> int:
+    return command_main(argv, USAGE, _dispatch)

@@ -10,7 +10,6 @@ pipeline_parallel_schedule`` through :func:`titan_morph.integration.schedules.bu
 """
 
 import dataclasses
-import math
 from typing import Any
 
 import torch
@@ -20,61 +19,25 @@ from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_
 from torchtitan.protocols.train_spec import TrainSpec, get_train_spec, register_train_spec
 from torchtitan.tools.logging import logger
 
-from titan_morph.integration.cpu import adapt_fsdp_to_gloo
+from titan_morph.integration import common
 from titan_morph.integration.jobconfig import TRAIN_SPEC_NAME, settings_of
 from titan_morph.integration.metrics import build_morph_metrics_processor
-from titan_morph.integration.schedules import ScheduleRequest, build_schedule, schedule_placement
+from titan_morph.integration.schedules import schedule_placement
 
 # A torch schedule name per placement: pipeline_module_split derives its stage placement from it.
 _SPLIT_AS = {"single": "1F1B", "loop": "Interleaved1F1B", "v": "ZBVZeroBubble"}
 
 
 def stages_per_rank(job_config: Any, placement: str, pp: int, num_layers: int) -> int:
-    """Stages per PP rank, as TorchTitan's ``pipeline_llm`` decides: from ``[parallelism]
-    pipeline_parallel_layers_per_stage`` when set (ceil((layers + first/last-stage weights) /
-    layers per stage) stages, a multiple of the PP degree), else 1 for one-stage schedules and 2
-    for multi-stage ones. A V holds exactly 2. A mismatch is one error naming the setting."""
-    par = job_config.parallelism
-    per_stage = par.pipeline_parallel_layers_per_stage
-    if per_stage is None:
-        return 1 if placement == "single" else 2
-    total = math.ceil(
-        (num_layers + par.pipeline_parallel_first_stage_less_layers + par.pipeline_parallel_last_stage_less_layers)
-        / per_stage
-    )
-    if total % pp:
-        raise ValueError(
-            f"[parallelism] pipeline_parallel_layers_per_stage = {per_stage} gives {total} stages, not a multiple of"
-            f" pipeline_parallel_degree = {pp}"
-        )
-    per_rank = total // pp
-    need = {"single": "exactly 1", "v": "exactly 2", "loop": "at least 2"}[placement]
-    ok = per_rank == 1 if placement == "single" else per_rank == 2 if placement == "v" else per_rank >= 2
-    if not ok:
-        raise ValueError(
-            f"[parallelism] pipeline_parallel_layers_per_stage = {per_stage} gives {per_rank} stage(s) per rank;"
-            f" pipeline_parallel_schedule = {par.pipeline_parallel_schedule!r} needs {need}"
-        )
-    return per_rank
+    """Stages per PP rank, as TorchTitan's ``pipeline_llm`` decides (:func:`.common.stages_per_rank`)."""
+    return common.stages_per_rank(job_config.parallelism, placement, pp, num_layers, "[parallelism] ")
 
 
 def stage_module_names(job_config: Any, num_stages: int, num_layers: int) -> list[list[str]]:
     """Module FQNs per stage: the config's ``module_fqns_per_model_part`` or TorchTitan's split."""
-    par = job_config.parallelism
-    names = par.module_fqns_per_model_part
-    if names is None:
-        names = generate_llm_fqn_per_model_part(
-            num_stages,
-            num_layers,
-            par.pipeline_parallel_first_stage_less_layers,
-            par.pipeline_parallel_last_stage_less_layers,
-        )
-    if len(names) != num_stages:
-        raise ValueError(
-            f"[parallelism] module_fqns_per_model_part has {len(names)} parts; the schedule runs {num_stages} stages"
-            " (PP degree x stages per rank), so it needs exactly that many parts"
-        )
-    return names
+    return common.stage_module_names(
+        job_config.parallelism, num_stages, num_layers, generate_llm_fqn_per_model_part, "[parallelism] "
+    )
 
 
 def pipeline_stages(
@@ -95,35 +58,23 @@ def pipeline_stages(
             "with pipeline_parallel_schedule (or use model.name = 'llama3' for TorchTitan's CSV schedules)"
         )
     settings = settings_of(job_config)
-    n_microbatches = settings.microbatches
     pp_mesh = parallel_dims.get_mesh("pp")
     pp = parallel_dims.pp
     num_stages = pp * stages_per_rank(job_config, placement, pp, model_args.n_layers)
     names = stage_module_names(job_config, num_stages, model_args.n_layers)
 
     stages, model_parts = pipeline_module_split(model, pp_mesh, _SPLIT_AS[placement], device, names)
-    for i, part in enumerate(model_parts):
-        part = parallelize_fn(part, parallel_dims, job_config)
-        adapt_fsdp_to_gloo(part)
-        model_parts[i] = part
-        stages[i].submod = part
-
-    schedule = build_schedule(
-        ScheduleRequest(
-            name=schedule_name,
-            stage=stages[0],
-            n_microbatches=n_microbatches,
-            loss_fn=loss_fn,
-            settings=settings,
-            parallel_dims=parallel_dims,
-            stages=stages,
-        )
+    return common.pipeline_result(
+        stages,
+        model_parts,
+        lambda part: parallelize_fn(part, parallel_dims, job_config),
+        schedule_name=schedule_name,
+        num_stages=num_stages,
+        settings=settings,
+        loss_fn=loss_fn,
+        parallel_dims=parallel_dims,
+        logger=logger,
     )
-    logger.info(
-        f"titan_morph: pipeline schedule {schedule_name} ({type(schedule).__name__}), stage(s) "
-        f"{[st.stage_index for st in stages]}/{num_stages} with {n_microbatches} microbatches"
-    )
-    return schedule, model_parts, any(st.is_first for st in stages), any(st.is_last for st in stages)
 
 
 def make_train_spec() -> TrainSpec:

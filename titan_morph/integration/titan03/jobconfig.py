@@ -18,18 +18,16 @@ settings here (:func:`activate`) before it builds the model, and the pipelining 
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import os
-import sys
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import fields, is_dataclass
 from typing import Any
 
 from titan_morph.config import ConfigError, JobView, Settings, resolve
 from titan_morph.config.cli import check_overrides, expand_negated_flags
 from titan_morph.config.schema import Morph
+from titan_morph.integration import common
+from titan_morph.integration.common import parse_quietly
 
 __all__ = [
     "CONFIG_MODULE",
@@ -141,39 +139,6 @@ def prepare_args(argv: Sequence[str], morph_options: dict[str, Any]) -> list[str
     return expand_negated_flags(argv, morph_options)
 
 
-@contextlib.contextmanager
-def _captured_output() -> Iterator[list[str]]:
-    """File descriptors 1 and 2 into a temporary file (tyro's messages, TorchTitan's log); the list
-    yielded receives the text when the block ends."""
-    sink: list[str] = []
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 1)
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield sink
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
-            tmp.seek(0)
-            sink.append(tmp.read().decode(errors="replace"))
-
-
-def _first_message(text: str) -> str:
-    """The first line of what tyro refused, box drawing removed."""
-    for raw in text.splitlines():
-        line = raw.strip().strip("│╭╮╰╯─ ").strip()
-        if line and not line.lower().startswith(("usage", "for full helptext")):
-            return f"command line: {line}"
-    return "command line: TorchTitan could not parse the arguments"
-
-
 def parse(module: str, function: str, overrides: Sequence[str]) -> Any:
     """TorchTitan 0.3.0's ``Trainer.Config`` for ``--module M --config FN *overrides``, as
     ``torchtitan.train`` builds it, after the overrides' names and values were checked."""
@@ -183,20 +148,7 @@ def parse(module: str, function: str, overrides: Sequence[str]) -> Any:
     check_overrides(args, options)
     from torchtitan.config import ConfigManager
 
-    error = ""
-    with _captured_output() as output:
-        try:
-            config = ConfigManager().parse_args(["--module", module, "--config", function, *args])
-        except SystemExit as exit_:
-            error = "help" if exit_.code in (0, None) else "parser"
-        except (ValueError, TypeError, ImportError) as err:
-            error = " ".join(str(err).split())
-    if error == "help":
-        print(output[0], end="")
-        raise SystemExit(0)
-    if error:
-        raise ConfigError(_first_message(output[0]) if error == "parser" else error)
-    return config
+    return parse_quietly(lambda: ConfigManager().parse_args(["--module", module, "--config", function, *args]))
 
 
 def _is_morph_model(config: Any) -> bool:
@@ -204,51 +156,15 @@ def _is_morph_model(config: Any) -> bool:
     return spec is not None and spec.name == MODEL_NAME
 
 
-def _stages_per_rank(config: Any) -> int | None:
-    """Stages per pipeline rank of titan_morph's model (None = decided by the model); 1 otherwise."""
-    par = config.parallelism
-    if par.pipeline_parallel_degree < 2 or not _is_morph_model(config):
-        return 1
-    from titan_morph.integration.schedules import stages_per_rank_of
-
-    return stages_per_rank_of(par.pipeline_parallel_schedule, par.pipeline_parallel_layers_per_stage)
-
-
 def job_view(config: Any, ranks: int | None = None) -> JobView:
     """What titan_morph reads of a TorchTitan 0.3.0 ``Trainer.Config`` (``ranks``: the launcher's NGPU)."""
-    par, training, comm = config.parallelism, config.training, config.comm
-    return JobView(
-        pipeline_parallel_degree=int(par.pipeline_parallel_degree),
-        data_parallel_replicate_degree=int(par.data_parallel_replicate_degree),
-        data_parallel_shard_degree=int(par.data_parallel_shard_degree),
-        tensor_parallel_degree=int(par.tensor_parallel_degree),
-        context_parallel_degree=int(par.context_parallel_degree),
-        local_batch_size=int(training.local_batch_size),
-        microbatch_size=int(par.pipeline_parallel_microbatch_size),
-        schedule=str(par.pipeline_parallel_schedule),
-        stages_per_rank=_stages_per_rank(config),
-        steps=int(training.steps),
-        init_timeout_s=float(comm.init_timeout_seconds),
-        train_timeout_s=float(comm.train_timeout_seconds),
-        checkpoint=bool(config.checkpoint.enable),
-        ranks=ranks,
-    )
+    return common.job_view(config, ranks, _is_morph_model(config))
 
 
 def _check_schedule(config: Any) -> None:
     """For titan_morph's model: the schedule name is one titan_morph builds."""
-    par = config.parallelism
-    if par.pipeline_parallel_degree < 2 or not _is_morph_model(config):
-        return
-    from titan_morph.integration.schedules import check_schedule_name, schedule_names
-
-    try:
-        check_schedule_name(par.pipeline_parallel_schedule)
-    except ValueError:
-        allowed = ", ".join(schedule_names())
-        raise ConfigError(
-            f"parallelism.pipeline_parallel_schedule: {par.pipeline_parallel_schedule!r} is not one of {allowed}"
-        ) from None
+    if config.parallelism.pipeline_parallel_degree >= 2 and _is_morph_model(config):
+        common.check_schedule(config.parallelism)
 
 
 def settings_of(config: Any, ranks: int | None = None) -> Settings:

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from typing import Any
 
 from titan_morph.config import ConfigError, Settings
-from titan_morph.integration.launcher import EXIT_BAD_CONFIG, check_devices, check_log_ranks, loss_rank
-from titan_morph.integration.supervisor import supervise_main, torchrun_args
+from titan_morph.integration.launcher import (
+    EXIT_BAD_CONFIG,
+    checked_ranks,
+    command_main,
+    exec_torchrun,
+    ranks_option,
+)
 from titan_morph.integration.titan03.jobconfig import CONFIG_MODULE, load, module_and_function
 
 __all__ = ["TRAIN_MODULE", "main", "run"]
@@ -64,74 +68,39 @@ def run(
 ) -> int:
     """Check, then replace this process by the supervisor of torchrun. Returns only on a bad config."""
     config, settings = load(function, overrides, ranks=nproc, module=module)
-    n = settings.world_size
-    import torch
-
-    check_devices(n, torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    _check_shm(config, settings)
-    if log_rank:
-        check_log_ranks(log_rank, n)
-    shown = log_rank or str(loss_rank(settings, n))
+    n, shown = checked_ranks(settings, log_rank, lambda: _check_shm(config, settings))
     os.environ["LOG_RANK"] = shown  # TorchTitan 0.3.0 warns unless the loss rank is listed there
-    run_id = os.environ.setdefault("TITAN_MORPH_RUN_ID", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
-    print(
-        f"run_train.sh: TorchTitan 0.3.0, {n} ranks, config {module}:{function}, run id {run_id}, showing rank(s)"
-        f" {shown}",
-        file=sys.stderr,
-        flush=True,
+    return exec_torchrun(
+        n,
+        shown,
+        lambda run_id: (
+            f"run_train.sh: TorchTitan 0.3.0, {n} ranks, config {module}:{function}, run id {run_id}, showing rank(s)"
+            f" {shown}"
+        ),
+        ["-m", TRAIN_MODULE, "--module", module, "--config", function, *overrides],
     )
-    torchrun = [
-        *torchrun_args(sys.executable, n, shown),
-        "-m",
-        TRAIN_MODULE,
-        "--module",
-        module,
-        "--config",
-        function,
-        *overrides,
-    ]
-    sys.stdout.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "titan_morph.launch", "supervise", "--", *torchrun])
-    return 0  # not reached
 
 
-def _ranks_option(nproc: str | None) -> int | None:
-    if nproc is None:
-        return None
-    if not (nproc.isdigit() and int(nproc) >= 1):
-        raise ConfigError(f"NGPU: {nproc!r} is not a number of ranks (>= 1)")
-    return int(nproc)
+def _dispatch(command: str, args: list[str], options: dict[str, str]) -> int:
+    module, named, rest = module_and_function(args)
+    if named is None:  # the function is the first argument unless --config names it
+        if not rest or rest[0].startswith("--"):
+            print(USAGE, file=sys.stderr)
+            return EXIT_BAD_CONFIG
+        named, rest = rest[0], rest[1:]
+    module = module or CONFIG_MODULE
+    if command == "ngpu":
+        print(load(named, rest, module=module)[1].world_size)
+    elif command == "check":
+        load(named, rest, module=module)
+    else:
+        nproc = ranks_option(options.get("--nproc"))
+        return run(named, rest, module=module, nproc=nproc, log_rank=options.get("--log-rank", ""))
+    return 0
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("run", "check", "supervise", "ngpu"):
-        print(USAGE, file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    command, args = argv[0], argv[1:]
-    if command == "supervise":
-        return supervise_main(args)
-    options: dict[str, str] = {}
-    while command == "run" and args[:1] and args[0] in ("--nproc", "--log-rank") and len(args) > 1:
-        options[args[0]], args = args[1], args[2:]
-    try:
-        module, named, rest = module_and_function(args)
-        if named is None:  # the function is the first argument unless --config names it
-            if not rest or rest[0].startswith("--"):
-                print(USAGE, file=sys.stderr)
-                return EXIT_BAD_CONFIG
-            named, rest = rest[0], rest[1:]
-        module = module or CONFIG_MODULE
-        if command == "ngpu":
-            print(load(named, rest, module=module)[1].world_size)
-        elif command == "check":
-            load(named, rest, module=module)
-        else:
-            nproc = _ranks_option(options.get("--nproc"))
-            return run(named, rest, module=module, nproc=nproc, log_rank=options.get("--log-rank", ""))
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        return EXIT_BAD_CONFIG
-    return 0
+    return command_main(argv, USAGE, _dispatch)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ which torch >= 2.14's schedules, titan_morph's included (they are torch schedule
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -25,8 +24,8 @@ from torchtitan.models.llama3 import model_registry
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.tools.logging import logger
 
-from titan_morph.integration.schedules import ScheduleRequest, build_schedule, schedule_placement
-from titan_morph.integration.titan03.cpu import adapt_fsdp_to_gloo
+from titan_morph.integration import common
+from titan_morph.integration.schedules import schedule_placement
 from titan_morph.integration.titan03.jobconfig import MODEL_NAME, active_settings
 
 __all__ = ["MODEL_NAME", "morph_model_spec", "pipeline_stages", "scalar_loss", "stages_per_rank"]
@@ -48,50 +47,14 @@ def scalar_loss(loss_fn: Callable[..., Any] | None) -> Callable[..., torch.Tenso
 
 
 def stages_per_rank(parallelism: Any, placement: str, pp: int, num_layers: int) -> int:
-    """Stages per PP rank, as TorchTitan's ``pipeline_llm`` decides (``pipeline_parallel_layers_per_stage``
-    when set, else 1 for one-stage schedules and 2 for the others); a V holds exactly 2."""
-    per_stage = parallelism.pipeline_parallel_layers_per_stage
-    if per_stage is None:
-        return 1 if placement == "single" else 2
-    total = math.ceil(
-        (
-            num_layers
-            + parallelism.pipeline_parallel_first_stage_less_layers
-            + parallelism.pipeline_parallel_last_stage_less_layers
-        )
-        / per_stage
-    )
-    if total % pp:
-        raise ValueError(
-            f"parallelism.pipeline_parallel_layers_per_stage = {per_stage} gives {total} stages, not a multiple of"
-            f" pipeline_parallel_degree = {pp}"
-        )
-    per_rank = total // pp
-    need = {"single": "exactly 1", "v": "exactly 2", "loop": "at least 2"}[placement]
-    ok = per_rank == 1 if placement == "single" else per_rank == 2 if placement == "v" else per_rank >= 2
-    if not ok:
-        raise ValueError(
-            f"parallelism.pipeline_parallel_layers_per_stage = {per_stage} gives {per_rank} stage(s) per rank;"
-            f" pipeline_parallel_schedule = {parallelism.pipeline_parallel_schedule!r} needs {need}"
-        )
-    return per_rank
+    """Stages per PP rank, as TorchTitan's ``pipeline_llm`` decides (:func:`..common.stages_per_rank`)."""
+    return common.stages_per_rank(parallelism, placement, pp, num_layers, "parallelism.")
 
 
 def _stage_module_names(parallelism: Any, num_stages: int, num_layers: int) -> list[list[str]]:
-    names = parallelism.module_fqns_per_model_part
-    if names is None:
-        names = _generate_llm_fqn_per_model_part(
-            num_stages,
-            num_layers,
-            parallelism.pipeline_parallel_first_stage_less_layers,
-            parallelism.pipeline_parallel_last_stage_less_layers,
-        )
-    if len(names) != num_stages:
-        raise ValueError(
-            f"parallelism.module_fqns_per_model_part has {len(names)} parts; the schedule runs {num_stages} stages"
-            " (PP degree x stages per rank), so it needs exactly that many parts"
-        )
-    return list(names)
+    return common.stage_module_names(
+        parallelism, num_stages, num_layers, _generate_llm_fqn_per_model_part, "parallelism."
+    )
 
 
 def _mesh_callback(parallel_dims: Any) -> Callable[..., Any]:
@@ -140,8 +103,10 @@ def pipeline_stages(
         names,
         get_mesh=_mesh_callback(parallel_dims),
     )
-    for i, part in enumerate(model_parts):
-        part = parallelize_fn(
+    return common.pipeline_result(
+        stages,
+        model_parts,
+        lambda part: parallelize_fn(
             part,
             parallel_dims=parallel_dims,
             training=training,
@@ -149,27 +114,14 @@ def pipeline_stages(
             compile_config=compile_config,
             ac_config=ac_config,
             dump_folder=dump_folder,
-        )
-        adapt_fsdp_to_gloo(part)
-        model_parts[i] = part
-        stages[i].submod = part
-
-    schedule = build_schedule(
-        ScheduleRequest(
-            name=schedule_name,
-            stage=stages[0],
-            n_microbatches=settings.microbatches,
-            loss_fn=scalar_loss(loss_fn),
-            settings=settings,
-            parallel_dims=parallel_dims,
-            stages=stages,
-        )
+        ),
+        schedule_name=schedule_name,
+        num_stages=num_stages,
+        settings=settings,
+        loss_fn=scalar_loss(loss_fn),
+        parallel_dims=parallel_dims,
+        logger=logger,
     )
-    logger.info(
-        f"titan_morph: pipeline schedule {schedule_name} ({type(schedule).__name__}), stage(s) "
-        f"{[st.stage_index for st in stages]}/{num_stages} with {settings.microbatches} microbatches"
-    )
-    return schedule, model_parts, any(st.is_first for st in stages), any(st.is_last for st in stages)
 
 
 def morph_model_spec(flavor: str = "debugmodel", model: Any = None) -> ModelSpec:

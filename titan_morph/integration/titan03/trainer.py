@@ -33,21 +33,10 @@ from torchtitan.tools.logging import logger  # noqa: E402
 from torchtitan.trainer import Trainer  # noqa: E402
 
 from titan_morph.config.schema import Morph  # noqa: E402
+from titan_morph.integration.common import RUN_ID_PLACEHOLDER, MorphTrainerMethods, run_id  # noqa: E402
 from titan_morph.integration.titan03.jobconfig import activate, settings_of  # noqa: E402
 
 __all__ = ["MorphTrainer", "run_id"]
-
-RUN_ID_PLACEHOLDER = "{run_id}"
-
-
-def run_id() -> str:
-    """One id per launch, equal on every rank: $TITAN_MORPH_RUN_ID (run_train.sh), else torchrun's."""
-    rid = os.environ.get("TITAN_MORPH_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID", "")
-    if rid not in ("", "none"):
-        return rid
-    if "LOCAL_RANK" in os.environ:  # torchrun without an id: the local agent's pid is shared by its ranks
-        return time.strftime("%Y%m%d") + f"-agent{os.getppid()}-port{os.environ.get('MASTER_PORT', '0')}"
-    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
 
 
 def _synthetic_model(settings: Any) -> Any:
@@ -58,7 +47,7 @@ def _synthetic_model(settings: Any) -> Any:
     return synthetic_model(hidden, max(1, settings.stages * (settings.job.stages_per_rank or 2)))
 
 
-class MorphTrainer(Trainer):  # type: ignore[misc]
+class MorphTrainer(MorphTrainerMethods, Trainer):  # type: ignore[misc]
     """TorchTitan 0.3.0's Trainer with the ``morph`` options (``--morph.*``)."""
 
     @dataclass(kw_only=True, slots=True)
@@ -91,44 +80,6 @@ class MorphTrainer(Trainer):  # type: ignore[misc]
     def job_config(self) -> Any:
         """The config under 0.2.2's name, read by the release-independent DP x PP code (:mod:`..hybrid`)."""
         return self.config
-
-    def train(self) -> None:
-        super().train()
-        self._trained = True
-        from titan_morph.integration.assembly import run_summary
-
-        for line in run_summary(self.morph_settings, getattr(self, "pp_schedule", None)):
-            logger.info(f"titan_morph: {line}")
-
-    def close(self) -> None:
-        from titan_morph.integration.assembly import close_transports
-        from titan_morph.runtime.schedule import MorphSchedule
-
-        try:  # threads and delegates stop while the process groups they use still exist
-            schedule = getattr(self, "pp_schedule", None)
-            if isinstance(schedule, MorphSchedule):
-                schedule.close(self.morph_settings.job.train_timeout_s)
-            close_transports(drain=self._trained)
-        finally:
-            super().close()
-
-    def init_distributed(self) -> Any:
-        """TorchTitan's ParallelDims; for DP x PP, with the DP groups on the DP backend."""
-        from titan_morph.integration.hybrid import parallel_dims_for
-
-        return parallel_dims_for(self.morph_settings, super().init_distributed())
-
-    def train_step(self, data_iterator: Any) -> None:
-        from titan_morph.integration.hybrid import before_step
-
-        before_step(self)
-        super().train_step(data_iterator)
-
-    def should_continue_training(self) -> bool:
-        """False also after a step that moved ranks (DP x PP): the run resumes, relaunched."""
-        from titan_morph.integration.hybrid import finish_for_move
-
-        return not finish_for_move(self) and bool(super().should_continue_training())
 
 
 def _write_run_info(config: Any) -> None:

@@ -1,0 +1,310 @@
+"""What the TorchTitan 0.2.2 and 0.3.0 adapters do alike, written once and parametrised by what the
+release changes (its config object, how it names a key, its CLI entry).
+
+Imports no torchtitan at import time, so either release's adapter can load it; each function takes
+the release's objects (config sections, callbacks) as arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from titan_morph.config import ConfigError, JobView
+
+__all__ = [
+    "RUN_ID_PLACEHOLDER",
+    "MorphTrainerMethods",
+    "check_schedule",
+    "job_view",
+    "parse_quietly",
+    "pipeline_result",
+    "rank_main",
+    "run_id",
+    "stage_module_names",
+    "stages_per_rank",
+]
+
+RUN_ID_PLACEHOLDER = "{run_id}"
+
+
+def run_id() -> str:
+    """One id per launch, equal on every rank: $TITAN_MORPH_RUN_ID (run_train.sh), else torchrun's."""
+    rid = os.environ.get("TITAN_MORPH_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if rid not in ("", "none"):
+        return rid
+    if "LOCAL_RANK" in os.environ:  # torchrun without an id: the local agent's pid is shared by its ranks
+        return time.strftime("%Y%m%d") + f"-agent{os.getppid()}-port{os.environ.get('MASTER_PORT', '0')}"
+    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+
+
+# --- the job config -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _captured_output() -> Iterator[list[str]]:
+    """Everything written to file descriptors 1 and 2 (tyro's messages, TorchTitan's log) goes to a
+    temporary file; the list yielded receives the text when the block ends."""
+    sink: list[str] = []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 1)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield sink
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            tmp.seek(0)
+            sink.append(tmp.read().decode(errors="replace"))
+
+
+def _first_message(text: str) -> str:
+    """What a parser that :func:`~titan_morph.config.cli.check_overrides` let through still
+    refused: the first line of text in its output, box drawing removed."""
+    for raw in text.splitlines():
+        line = raw.strip().strip("│╭╮╰╯─ ").strip()
+        if line and not line.lower().startswith(("usage", "for full helptext")):
+            return f"command line: {line}"
+    return "command line: TorchTitan could not parse the arguments"
+
+
+def parse_quietly(parse_args: Callable[[], Any]) -> Any:
+    """The config TorchTitan's ``ConfigManager().parse_args`` (``parse_args``) builds, its output
+    held back: ``--help`` prints it and exits 0, a refusal is one :class:`ConfigError` line."""
+    error = ""
+    with _captured_output() as output:
+        try:
+            config = parse_args()
+        except SystemExit as exit_:
+            error = "help" if exit_.code in (0, None) else "parser"
+        except (ValueError, TypeError, ImportError) as err:
+            error = " ".join(str(err).split())
+    if error == "help":
+        print(output[0], end="")
+        raise SystemExit(0)
+    if error:
+        raise ConfigError(_first_message(output[0]) if error == "parser" else error)
+    return config
+
+
+def _stages_per_rank_of(config: Any, morph_model: bool) -> int | None:
+    """Stages per pipeline rank of titan_morph's model (None = decided by the model); 1 for other
+    models, whose per-stage ``morph`` lists are not read."""
+    par = config.parallelism
+    if par.pipeline_parallel_degree < 2 or not morph_model:
+        return 1
+    from titan_morph.integration.schedules import stages_per_rank_of
+
+    return stages_per_rank_of(par.pipeline_parallel_schedule, par.pipeline_parallel_layers_per_stage)
+
+
+def job_view(config: Any, ranks: int | None, morph_model: bool) -> JobView:
+    """What titan_morph reads of a TorchTitan config (both releases keep these sections' names);
+    ``morph_model``: the config trains titan_morph's model, ``ranks``: the launcher's NGPU."""
+    par, training, comm = config.parallelism, config.training, config.comm
+    return JobView(
+        pipeline_parallel_degree=int(par.pipeline_parallel_degree),
+        data_parallel_replicate_degree=int(par.data_parallel_replicate_degree),
+        data_parallel_shard_degree=int(par.data_parallel_shard_degree),
+        tensor_parallel_degree=int(par.tensor_parallel_degree),
+        context_parallel_degree=int(par.context_parallel_degree),
+        local_batch_size=int(training.local_batch_size),
+        microbatch_size=int(par.pipeline_parallel_microbatch_size),
+        schedule=str(par.pipeline_parallel_schedule),
+        stages_per_rank=_stages_per_rank_of(config, morph_model),
+        steps=int(training.steps),
+        init_timeout_s=float(comm.init_timeout_seconds),
+        train_timeout_s=float(comm.train_timeout_seconds),
+        checkpoint=bool(config.checkpoint.enable),
+        ranks=ranks,
+    )
+
+
+def check_schedule(parallelism: Any) -> None:
+    """The schedule name is one titan_morph builds (for its model, pipelined)."""
+    from titan_morph.integration.schedules import check_schedule_name, schedule_names
+
+    name = parallelism.pipeline_parallel_schedule
+    try:
+        check_schedule_name(name)
+    except ValueError:
+        allowed = ", ".join(schedule_names())
+        raise ConfigError(f"parallelism.pipeline_parallel_schedule: {name!r} is not one of {allowed}") from None
+
+
+# --- the pipelining function ---------------------------------------------------------------------
+
+
+def stages_per_rank(parallelism: Any, placement: str, pp: int, num_layers: int, section: str) -> int:
+    """Stages per PP rank, as TorchTitan's ``pipeline_llm`` decides: from
+    ``pipeline_parallel_layers_per_stage`` when set (ceil((layers + first/last-stage weights) /
+    layers per stage) stages, a multiple of the PP degree), else 1 for one-stage schedules and 2
+    for multi-stage ones. A V holds exactly 2. A mismatch is one error naming the setting
+    (``section``: how the release spells the section before a key)."""
+    par = parallelism
+    per_stage = par.pipeline_parallel_layers_per_stage
+    if per_stage is None:
+        return 1 if placement == "single" else 2
+    total = math.ceil(
+        (num_layers + par.pipeline_parallel_first_stage_less_layers + par.pipeline_parallel_last_stage_less_layers)
+        / per_stage
+    )
+    if total % pp:
+        raise ValueError(
+            f"{section}pipeline_parallel_layers_per_stage = {per_stage} gives {total} stages, not a multiple of"
+            f" pipeline_parallel_degree = {pp}"
+        )
+    per_rank = total // pp
+    need = {"single": "exactly 1", "v": "exactly 2", "loop": "at least 2"}[placement]
+    ok = per_rank == 1 if placement == "single" else per_rank == 2 if placement == "v" else per_rank >= 2
+    if not ok:
+        raise ValueError(
+            f"{section}pipeline_parallel_layers_per_stage = {per_stage} gives {per_rank} stage(s) per rank;"
+            f" pipeline_parallel_schedule = {par.pipeline_parallel_schedule!r} needs {need}"
+        )
+    return per_rank
+
+
+def stage_module_names(
+    parallelism: Any, num_stages: int, num_layers: int, generate: Callable[..., Any], section: str
+) -> list[list[str]]:
+    """Module FQNs per stage: the config's ``module_fqns_per_model_part`` or TorchTitan's split
+    (``generate``: the release's ``generate_llm_fqn_per_model_part``)."""
+    par = parallelism
+    names = par.module_fqns_per_model_part
+    if names is None:
+        names = generate(
+            num_stages,
+            num_layers,
+            par.pipeline_parallel_first_stage_less_layers,
+            par.pipeline_parallel_last_stage_less_layers,
+        )
+    if len(names) != num_stages:
+        raise ValueError(
+            f"{section}module_fqns_per_model_part has {len(names)} parts; the schedule runs {num_stages} stages"
+            " (PP degree x stages per rank), so it needs exactly that many parts"
+        )
+    return list(names)
+
+
+def pipeline_result(
+    stages: list[Any],
+    model_parts: list[Any],
+    parallelize: Callable[[Any], Any],
+    *,
+    schedule_name: str,
+    num_stages: int,
+    settings: Any,
+    loss_fn: Any,
+    parallel_dims: Any,
+    logger: Any,
+) -> tuple[Any, list[Any], bool, bool]:
+    """What a ``pipelining_fn`` returns, from TorchTitan's module split: each part parallelised
+    (``parallelize``: the release's call of its ``parallelize_fn``) and FSDP moved to gloo, then
+    titan_morph's schedule over the stages."""
+    from titan_morph.integration.cpu import adapt_fsdp_to_gloo
+    from titan_morph.integration.schedules import ScheduleRequest, build_schedule
+
+    for i, part in enumerate(model_parts):
+        part = parallelize(part)
+        adapt_fsdp_to_gloo(part)
+        model_parts[i] = part
+        stages[i].submod = part
+
+    schedule = build_schedule(
+        ScheduleRequest(
+            name=schedule_name,
+            stage=stages[0],
+            n_microbatches=settings.microbatches,
+            loss_fn=loss_fn,
+            settings=settings,
+            parallel_dims=parallel_dims,
+            stages=stages,
+        )
+    )
+    logger.info(
+        f"titan_morph: pipeline schedule {schedule_name} ({type(schedule).__name__}), stage(s) "
+        f"{[st.stage_index for st in stages]}/{num_stages} with {settings.microbatches} microbatches"
+    )
+    return schedule, model_parts, any(st.is_first for st in stages), any(st.is_last for st in stages)
+
+
+# --- the trainer ---------------------------------------------------------------------------------
+
+
+class MorphTrainerMethods:
+    """The trainer methods both releases' ``MorphTrainer`` share, placed before TorchTitan's
+    ``Trainer`` in the bases: the run summary, closing the schedule and transports while the
+    process groups exist, and the DP x PP hooks. Needs ``morph_settings`` and ``_trained``."""
+
+    morph_settings: Any
+    _trained: bool
+
+    def train(self) -> None:
+        super().train()  # type: ignore[misc]
+        self._trained = True
+        from torchtitan.tools.logging import logger
+
+        from titan_morph.integration.assembly import run_summary
+
+        for line in run_summary(self.morph_settings, getattr(self, "pp_schedule", None)):
+            logger.info(f"titan_morph: {line}")
+
+    def close(self) -> None:
+        from titan_morph.integration.assembly import close_transports
+        from titan_morph.runtime.schedule import MorphSchedule
+
+        try:  # threads and delegates stop while the process groups they use still exist
+            schedule = getattr(self, "pp_schedule", None)
+            if isinstance(schedule, MorphSchedule):
+                schedule.close(self.morph_settings.job.train_timeout_s)
+            close_transports(drain=self._trained)
+        finally:
+            super().close()  # type: ignore[misc]
+
+    def init_distributed(self) -> Any:
+        """TorchTitan's ParallelDims; for DP x PP, with the DP groups on the DP backend."""
+        from titan_morph.integration.hybrid import parallel_dims_for
+
+        return parallel_dims_for(self.morph_settings, super().init_distributed())  # type: ignore[misc]
+
+    def train_step(self, data_iterator: Any) -> None:
+        from titan_morph.integration.hybrid import before_step
+
+        before_step(self)
+        super().train_step(data_iterator)  # type: ignore[misc]
+
+    def should_continue_training(self) -> bool:
+        """False also after a step that moved ranks (DP x PP): the run resumes, relaunched."""
+        from titan_morph.integration.hybrid import finish_for_move
+
+        return not finish_for_move(self) and bool(super().should_continue_training())  # type: ignore[misc]
+
+
+def rank_main(argv: list[str] | None, adapt: Callable[[], object], start: Callable[[list[str]], None]) -> None:
+    """A torchrun rank's entry: exit with the agent, the CPU adaptation (``adapt``) before
+    torchtitan loads, then ``start`` with the arguments; a bad configuration is one line, exit 2."""
+    from titan_morph.comm.system import die_with_parent
+
+    if "LOCAL_RANK" in os.environ:  # a torchrun rank: exit with the agent, whatever ends it
+        die_with_parent()
+    args = list(sys.argv[1:] if argv is None else argv)
+    adapt()
+    try:
+        start(args)
+    except ConfigError as err:
+        print(f"titan_morph: configuration error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
