@@ -181,6 +181,9 @@ class DelegateTransport(MessageBook, Transport):
             device=self.device,
         )
         self.data = SlotPath(self, self.pool, slots, self.device)
+        # This run's token (in the delegates' command lines and segment names) and the name prefix of
+        # this rank's shared-memory segments: fixed once the pool met its peers.
+        self.token, self.prefix = self.pool.token, self.pool.prefix
         self._close_at_exit()
         try:
             self.pool.start(wire_timeout_s)
@@ -192,16 +195,6 @@ class DelegateTransport(MessageBook, Transport):
     def timeout_s(self) -> float:
         """The bound of a wait now (``timeouts`` for the current step)."""
         return self.timeouts.for_step(self.step)
-
-    @property
-    def token(self) -> str:
-        """This run's token: in the delegates' command lines and segment names."""
-        return self.pool.token
-
-    @property
-    def prefix(self) -> str:
-        """The name prefix of this rank's shared-memory segments."""
-        return self.pool.prefix
 
     @property
     def proc(self) -> subprocess.Popen[bytes] | None:

@@ -157,7 +157,7 @@ def bandwidth_instance(
     memory: str | None = "mixed",
     slow_links: tuple[int, int] = (1, 2),
 ) -> CostModel:
-    """One instance of the bandwidth model (issue "links with limited bandwidth"): S in ``s_range``,
+    """One instance of the bandwidth model (links with a transmit time per message): S in ``s_range``,
     N in ``n_range``, F/I/W per stage in 5–20 ms, ``slow_links`` links (1 or 2 by default) with a
     transmit time in ``transmit_range`` and a latency in ``latency_range`` ms (1 ms grid), the
     other links free, and memory per :func:`random_memory` (capped at N)."""
