@@ -369,3 +369,15 @@ def test_plan_for_a_distribution_of_delays():
         _resolved(replace(distribution, search=False), 4)
     with pytest.raises(ConfigError, match="morph.plan_delays_std_ms.*needs plan_delays_ms"):
         _resolved(replace(distribution, plan_delays_ms=[]), 4)
+
+
+def test_the_step_window_and_direction_apply_to_transmit_times_too():
+    """[morph.inject]'s window and direction restrict a link model's transmit times as its delays."""
+    from titan_morph.config.links import _Windowed
+    from titan_morph.pipelining.links import StaticDelays
+
+    windowed = _Windowed(StaticDelays((0.0, 50.0), transmit=(0.0, 7.0)), start_step=2, end_step=4, direction="fwd")
+    assert (windowed.delay_ms(1, "fwd", step=3), windowed.transmit_ms(1, "fwd", step=3)) == (50.0, 7.0)
+    assert windowed.transmit_ms(1, "bwd", step=3) == 0.0  # the other direction
+    assert windowed.transmit_ms(1, "fwd", step=1) == windowed.transmit_ms(1, "fwd", step=5) == 0.0  # outside
+    assert windowed.transmit_snapshot(step=3) == (0.0, 7.0)

@@ -74,14 +74,18 @@ class _Windowed(LinkModel):
     def __post_init__(self) -> None:
         self.num_links = self.inner.num_links
 
-    def delay_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
+    def _active(self, direction: str, step: int) -> bool:
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
         if self.direction != "both" and direction != self.direction:
-            return 0.0
-        if step < self.start_step or (self.end_step and step > self.end_step):
-            return 0.0
-        return self.inner.delay_ms(link, direction, t_ms, step)
+            return False
+        return not (step < self.start_step or (self.end_step and step > self.end_step))
+
+    def delay_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
+        return self.inner.delay_ms(link, direction, t_ms, step) if self._active(direction, step) else 0.0
+
+    def transmit_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
+        return self.inner.transmit_ms(link, direction, t_ms, step) if self._active(direction, step) else 0.0
 
 
 def pair_delays(inject: InjectSettings) -> PairDelays | None:
