@@ -24,7 +24,7 @@ __all__ = [
     "check_schedule",
     "job_view",
     "parse_quietly",
-    "pipeline_result",
+    "pipeline",
     "rank_main",
     "run_id",
     "stage_module_names",
@@ -200,24 +200,45 @@ def stage_module_names(
     return list(names)
 
 
-def pipeline_result(
-    stages: list[Any],
-    model_parts: list[Any],
-    parallelize: Callable[[Any], Any],
-    *,
-    schedule_name: str,
-    num_stages: int,
-    settings: Any,
-    loss_fn: Any,
+# A torch schedule name per placement: TorchTitan's module split derives its stage placement from it.
+_SPLIT_AS = {"single": "1F1B", "loop": "Interleaved1F1B", "v": "ZBVZeroBubble"}
+
+
+def pipeline(
+    parallelism: Any,
     parallel_dims: Any,
+    num_layers: int,
+    *,
+    section: str,
+    csv_hint: str,
+    generate: Callable[..., Any],
+    split: Callable[[str, list[list[str]]], tuple[list[Any], list[Any]]],
+    parallelize: Callable[[Any], Any],
+    settings_of: Callable[[], Any],
+    loss_fn: Any,
     logger: Any,
 ) -> tuple[Any, list[Any], bool, bool]:
-    """What a ``pipelining_fn`` returns, from TorchTitan's module split: each part parallelised
-    (``parallelize``: the release's call of its ``parallelize_fn``) and FSDP moved to gloo, then
-    titan_morph's schedule over the stages."""
+    """What llama3_morph's ``pipelining_fn`` returns on either release: the model split as
+    TorchTitan's ``pipeline_llm`` does for the schedule's placement, each part parallelised and FSDP
+    moved to gloo, then titan_morph's schedule over the stages. The release supplies how it spells
+    a key (``section``), its module split (``generate``; ``split(torch schedule name, module
+    names)``), its ``parallelize_fn`` call, where the settings come from and the loss."""
     from titan_morph.integration.cpu import adapt_fsdp_to_gloo
-    from titan_morph.integration.schedules import ScheduleRequest, build_schedule
+    from titan_morph.integration.schedules import ScheduleRequest, build_schedule, schedule_placement
 
+    schedule_name = parallelism.pipeline_parallel_schedule
+    placement = schedule_placement(schedule_name)  # also: the unknown-schedule error, before any work
+    if parallelism.pipeline_parallel_schedule_csv:
+        raise ValueError(
+            f"{section}pipeline_parallel_schedule_csv is not supported by llama3_morph; choose the schedule with"
+            f" pipeline_parallel_schedule{csv_hint}"
+        )
+    settings = settings_of()
+    pp = parallel_dims.pp
+    num_stages = pp * stages_per_rank(parallelism, placement, pp, num_layers, section)
+    names = stage_module_names(parallelism, num_stages, num_layers, generate, section)
+
+    stages, model_parts = split(_SPLIT_AS[placement], names)
     for i, part in enumerate(model_parts):
         part = parallelize(part)
         adapt_fsdp_to_gloo(part)

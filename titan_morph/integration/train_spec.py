@@ -22,10 +22,6 @@ from torchtitan.tools.logging import logger
 from titan_morph.integration import common
 from titan_morph.integration.jobconfig import TRAIN_SPEC_NAME, settings_of
 from titan_morph.integration.metrics import build_morph_metrics_processor
-from titan_morph.integration.schedules import schedule_placement
-
-# A torch schedule name per placement: pipeline_module_split derives its stage placement from it.
-_SPLIT_AS = {"single": "1F1B", "loop": "Interleaved1F1B", "v": "ZBVZeroBubble"}
 
 
 def stages_per_rank(job_config: Any, placement: str, pp: int, num_layers: int) -> int:
@@ -50,29 +46,19 @@ def pipeline_stages(
     loss_fn: Any,
 ) -> tuple[_PipelineSchedule, list[nn.Module], bool, bool]:
     """TorchTitan ``pipelining_fn``: split into this rank's stage(s), then build the schedule."""
-    schedule_name = job_config.parallelism.pipeline_parallel_schedule
-    placement = schedule_placement(schedule_name)  # also: the unknown-schedule error, before any work
-    if job_config.parallelism.pipeline_parallel_schedule_csv:
-        raise ValueError(
-            "[parallelism] pipeline_parallel_schedule_csv is not supported by llama3_morph; choose the schedule "
-            "with pipeline_parallel_schedule (or use model.name = 'llama3' for TorchTitan's CSV schedules)"
-        )
-    settings = settings_of(job_config)
-    pp_mesh = parallel_dims.get_mesh("pp")
-    pp = parallel_dims.pp
-    num_stages = pp * stages_per_rank(job_config, placement, pp, model_args.n_layers)
-    names = stage_module_names(job_config, num_stages, model_args.n_layers)
-
-    stages, model_parts = pipeline_module_split(model, pp_mesh, _SPLIT_AS[placement], device, names)
-    return common.pipeline_result(
-        stages,
-        model_parts,
-        lambda part: parallelize_fn(part, parallel_dims, job_config),
-        schedule_name=schedule_name,
-        num_stages=num_stages,
-        settings=settings,
+    return common.pipeline(
+        job_config.parallelism,
+        parallel_dims,
+        model_args.n_layers,
+        section="[parallelism] ",
+        csv_hint=" (or use model.name = 'llama3' for TorchTitan's CSV schedules)",
+        generate=generate_llm_fqn_per_model_part,
+        split=lambda split_as, names: pipeline_module_split(
+            model, parallel_dims.get_mesh("pp"), split_as, device, names
+        ),
+        parallelize=lambda part: parallelize_fn(part, parallel_dims, job_config),
+        settings_of=lambda: settings_of(job_config),
         loss_fn=loss_fn,
-        parallel_dims=parallel_dims,
         logger=logger,
     )
 

@@ -25,13 +25,9 @@ from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.tools.logging import logger
 
 from titan_morph.integration import common
-from titan_morph.integration.schedules import schedule_placement
 from titan_morph.integration.titan03.jobconfig import MODEL_NAME, active_settings
 
 __all__ = ["MODEL_NAME", "morph_model_spec", "pipeline_stages", "scalar_loss", "stages_per_rank"]
-
-# A torch schedule name per placement: TorchTitan's module split derives its stage placement from it.
-_SPLIT_AS = {"single": "1F1B", "loop": "Interleaved1F1B", "v": "ZBVZeroBubble"}
 
 
 def scalar_loss(loss_fn: Callable[..., Any] | None) -> Callable[..., torch.Tensor] | None:
@@ -49,12 +45,6 @@ def scalar_loss(loss_fn: Callable[..., Any] | None) -> Callable[..., torch.Tenso
 def stages_per_rank(parallelism: Any, placement: str, pp: int, num_layers: int) -> int:
     """Stages per PP rank, as TorchTitan's ``pipeline_llm`` decides (:func:`..common.stages_per_rank`)."""
     return common.stages_per_rank(parallelism, placement, pp, num_layers, "parallelism.")
-
-
-def _stage_module_names(parallelism: Any, num_stages: int, num_layers: int) -> list[list[str]]:
-    return common.stage_module_names(
-        parallelism, num_stages, num_layers, _generate_llm_fqn_per_model_part, "parallelism."
-    )
 
 
 def _mesh_callback(parallel_dims: Any) -> Callable[..., Any]:
@@ -82,31 +72,17 @@ def pipeline_stages(
     loss_fn: Callable[..., Any],
 ) -> tuple[_PipelineSchedule, list[nn.Module], bool, bool]:
     """TorchTitan 0.3.0 ``pipelining_fn``: split into this rank's stage(s), then build the schedule."""
-    schedule_name = parallelism.pipeline_parallel_schedule
-    placement = schedule_placement(schedule_name)  # also: the unknown-schedule error, before any work
-    if parallelism.pipeline_parallel_schedule_csv:
-        raise ValueError(
-            f"parallelism.pipeline_parallel_schedule_csv is not supported by {MODEL_NAME}; choose the schedule with"
-            " pipeline_parallel_schedule"
-        )
-    settings = active_settings()
-    pp = parallel_dims.pp
-    num_layers = len(model_config.layers)
-    num_stages = pp * stages_per_rank(parallelism, placement, pp, num_layers)
-    names = _stage_module_names(parallelism, num_stages, num_layers)
-
-    stages, model_parts = _pipeline_module_split(
-        model,
-        parallel_dims.get_mesh("pp"),
-        _SPLIT_AS[placement],
-        device,
-        names,
-        get_mesh=_mesh_callback(parallel_dims),
-    )
-    return common.pipeline_result(
-        stages,
-        model_parts,
-        lambda part: parallelize_fn(
+    return common.pipeline(
+        parallelism,
+        parallel_dims,
+        len(model_config.layers),
+        section="parallelism.",
+        csv_hint="",
+        generate=_generate_llm_fqn_per_model_part,
+        split=lambda split_as, names: _pipeline_module_split(
+            model, parallel_dims.get_mesh("pp"), split_as, device, names, get_mesh=_mesh_callback(parallel_dims)
+        ),
+        parallelize=lambda part: parallelize_fn(
             part,
             parallel_dims=parallel_dims,
             training=training,
@@ -115,11 +91,8 @@ def pipeline_stages(
             ac_config=ac_config,
             dump_folder=dump_folder,
         ),
-        schedule_name=schedule_name,
-        num_stages=num_stages,
-        settings=settings,
+        settings_of=active_settings,
         loss_fn=scalar_loss(loss_fn),
-        parallel_dims=parallel_dims,
         logger=logger,
     )
 
