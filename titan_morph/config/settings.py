@@ -156,9 +156,7 @@ class MorphSettings:
         syn = self.synthetic
         if not syn.enabled:
             return None
-        f, b, w = (
-            _for_stages(getattr(syn, n), stages, 1, f"{syn.KEY}.{n}") for n in ("fwd_ms", "bwd_ms", "wgt_ms")
-        )
+        f, b, w = (_for_stages(getattr(syn, n), stages, 1, f"{syn.KEY}.{n}") for n in ("fwd_ms", "bwd_ms", "wgt_ms"))
         return tuple(zip(f, b, w))
 
     def plan_delays(self, num_links: int) -> tuple[float, ...] | None:
