@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.comm.fakes import PollingEvent
 from titan_morph.comm import delegate_pool, shm
 from titan_morph.comm import delegate_worker as wire
 from titan_morph.comm.delegate_pool import DelegateEnd, DelegatePool
@@ -74,15 +75,6 @@ def test_a_failed_registration_names_rank_link_and_call(cudart) -> None:
         seg.unlink()
 
 
-class FakeEvent:
-    def __init__(self, polls_left: int) -> None:
-        self.polls_left = polls_left
-
-    def query(self) -> bool:
-        self.polls_left -= 1
-        return self.polls_left < 0
-
-
 def _clock() -> SimpleNamespace:
     return SimpleNamespace(epoch=0.0, timeout_s=1.0, now_ms=lambda: 0.0, where=lambda: "stage 0 (rank 0)")
 
@@ -90,13 +82,13 @@ def _clock() -> SimpleNamespace:
 def test_drain_waits_for_send_and_receive_copies_and_gives_up_at_the_bound() -> None:
     path = SlotPath(_clock(), None, 2, torch.device("cpu"))  # type: ignore[arg-type]
     released: list[int] = []
-    path._track_copy(FakeEvent(10**9))  # a send copy that never completes
-    path.releases.add(FakeEvent(3), lambda: released.append(1))
+    path._track_copy(PollingEvent(10**9))  # a send copy that never completes
+    path.releases.add(PollingEvent(3), lambda: released.append(1))
     assert path.copies_pending() == 2
     assert not path.drain(0.05)
     assert released == [1]  # the receive copy completed and its slot was released on the way
     path._copies.clear()
-    path._track_copy(FakeEvent(2))
+    path._track_copy(PollingEvent(2))
     assert path.drain(1.0) and path.copies_pending() == 0
 
 

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from tests.comm.fakes import PollingEvent
 from tests.launch import run_ranks
 from titan_morph.comm.system import process_name, process_table
 
@@ -277,25 +278,14 @@ def test_a_send_that_fails_midway_leaves_the_link_as_it_was() -> None:
     assert r1["got"] == [list(map(float, range(8))), list(map(float, range(1, 9)))], r1
 
 
-class _FakeEvent:
-    """A CUDA event stand-in: completes after ``polls`` queries."""
-
-    def __init__(self, polls: int) -> None:
-        self.polls = polls
-
-    def query(self) -> bool:
-        self.polls -= 1
-        return self.polls < 0
-
-
 def test_receive_slots_are_released_when_their_copy_completes_without_blocking() -> None:
     from titan_morph.comm.delegate import DeferredReleases
 
     released: list[int] = []
     pending = DeferredReleases()
-    pending.add(_FakeEvent(1), lambda: released.append(0))
-    pending.add(_FakeEvent(0), lambda: released.append(1))  # done, but released after the older one
-    pending.add(_FakeEvent(5), lambda: released.append(2))
+    pending.add(PollingEvent(1), lambda: released.append(0))
+    pending.add(PollingEvent(0), lambda: released.append(1))  # done, but released after the older one
+    pending.add(PollingEvent(5), lambda: released.append(2))
     assert pending.poll() == 0 and released == [] and pending.pending() == 3
     assert pending.poll() == 2 and released == [0, 1] and pending.pending() == 1
     for _ in range(4):
