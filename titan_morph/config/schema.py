@@ -99,8 +99,17 @@ class Inject:
     """random mode: seed; every rank (and the simulator) sees the same delays for a seed."""
 
     trace_file: str = ""
-    """trace mode: CSV with columns step|time_ms, link, delay_ms[, direction]; or "table3" for the
-    built-in (rescaled) Table 3 trace of the paper."""
+    """trace mode: CSV with columns step|time_ms, link, delay_ms[, direction][, bandwidth_mbit]; or
+    "table3" for the built-in (rescaled) Table 3 trace of the paper."""
+
+    bandwidth_mbit: Annotated[FloatList, Range(0), Per("link")] = field(default_factory=list)
+    """Per-link rate in Mbit/s (one value per link, or one for all; 0 = unlimited): a link then
+    sends one message at a time per direction, each taking size / rate before its delay (static,
+    random and trace modes; a trace's ``bandwidth_mbit`` column overrides it). [] = unlimited."""
+
+    random_bandwidth_mbit: Annotated[FloatList, Range(0, low_open=True)] = field(default_factory=list)
+    """random mode: [low, high] Mbit/s; the rate of each of ``links`` is re-drawn from U(low, high)
+    whenever its delay is. [] = the rate is ``bandwidth_mbit``."""
 
     def __post_init__(self) -> None:
         _coerce_fields(self)
@@ -129,6 +138,10 @@ class Synthetic:
     hidden: Annotated[int, Range(16)] = 64
     """Model width (float32 elements per token sent between stages) of the ``synthetic`` model
     flavor (``[model] flavor = "synthetic"``): a multiple of 16 (one attention head per 16)."""
+
+    message_kb: Annotated[float, Range(0)] = 0.0
+    """Size of every activation and gradient message between synthetic stages in KiB, whatever
+    the compute times (congestion studies); 0 = ``hidden``-wide activations."""
 
     def __post_init__(self) -> None:
         _coerce_fields(self)
@@ -245,6 +258,15 @@ class Morph:
     dp_detect_min_ms: Annotated[float, Range(0)] = 5.0
     """Per-hop DP collective delays at or below this never count as slow (the DP pairs' Eq. 1
     tolerance is 0: nothing absorbs a collective's delay)."""
+
+    data_ifname: str = ""
+    """Network interface of the default pipeline path (the per-link groups; on a GPU cluster what
+    NCCL's RNIC is), e.g. "data"; "" = torch's choice (``GLOO_SOCKET_IFNAME`` or the hostname's)."""
+
+    host_ifnames: str = ""
+    """Network interfaces of the host-side traffic: delegates, the per-step exchange and the store,
+    comma-separated in order of preference, e.g. "host,host2"; delegates move to the next one when
+    a path over the current one fails (§5.3). "" = torch's choice."""
 
     inject: Inject = field(default_factory=Inject)
     synthetic: Synthetic = field(default_factory=Synthetic)

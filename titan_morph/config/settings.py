@@ -72,6 +72,9 @@ class InjectSettings:
     random_interval_ms: tuple[float, ...]
     seed: int
     trace_file: str
+    bandwidth_mbit: tuple[float, ...]
+    """One rate per link (0 = unlimited); () when not set."""
+    random_bandwidth_mbit: tuple[float, ...]
 
     def window(self, steps: int) -> tuple[int, int] | None:
         """First and last step of the injected straggler (None when nothing is injected)."""
@@ -91,6 +94,8 @@ class SyntheticSettings:
     wgt_ms: tuple[float, ...]
     """F, B and W in ms per microbatch: one per stage (one for all where the stages are unknown)."""
     hidden: int
+    message_kb: float
+    """KiB per message between stages; 0 = ``hidden``-wide activations."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,8 @@ class MorphSettings:
     adapt_memory_budget: int
     orchestrator: str
     dp_detect_min_ms: float
+    data_ifname: str
+    host_ifnames: str
     inject: InjectSettings
     synthetic: SyntheticSettings
 
@@ -130,6 +137,11 @@ class MorphSettings:
         default path (also ``auto``, which runs it until a link is delegated), None (never blocks)
         for the delegated one."""
         return None if self.transport == "delegate" else self.link_queue_depth
+
+    @property
+    def host_interfaces(self) -> tuple[str, ...]:
+        """``host_ifnames`` as a tuple, in order of preference (() = torch's choice)."""
+        return tuple(n.strip() for n in self.host_ifnames.split(",") if n.strip())
 
     @property
     def routed(self) -> bool:
