@@ -10,7 +10,7 @@ import pytest
 from titan_morph.pipelining.builders import SCHEDULES, V_SCHEDULES, build
 from titan_morph.pipelining.exact import lower_bound_ms, lower_bound_under
 from titan_morph.pipelining.instances import instance_set
-from titan_morph.pipelining.links import RandomDelays, StaticDelays, TraceDelays, TraceEvent
+from titan_morph.pipelining.links import RandomDelays, StaticDelays, TraceDelays, TraceEvent, WithTransmit
 from titan_morph.pipelining.model import CostModel
 from titan_morph.pipelining.simulate import simulate
 
@@ -90,3 +90,25 @@ def test_no_v_plan_beats_the_bound() -> None:
             assert span >= bound - 1e-9, (name, t0)
     # the V's rank 0 runs the first and the last stage: its work starts at once
     assert lower_bound_under(model, StaticDelays((0.0,) * model.num_links)) >= 12 * 60
+
+
+def test_bandwidth_counts_each_messages_transmit_and_each_wires_load() -> None:
+    """A 30 ms transmit time on the last link: the first forward crosses it in c + tau, and the
+    link carries 24 messages per direction, so no step is shorter than 24 x 30 ms plus the work
+    around the first and the last message; no builder's plan beats it, and the wire-load part is
+    what makes it tight (the per-rank part alone is the 750 ms of the hop)."""
+    model = _uniform(4, 24)
+    links = StaticDelays((0.0, 0.0, 5.0), transmit=(0.0, 0.0, 30.0))
+    hop_only = 30 + 5 + 30 + 720
+    bound = lower_bound_under(model, links)
+    assert bound > hop_only
+    assert bound >= 24 * 30
+    assert bound == pytest.approx(lower_bound_ms(model.with_delays((0.0, 0.0, 5.0)).with_transmit((0.0, 0.0, 30.0))))
+    for name in SCHEDULES:
+        plan = build(name, model)
+        span = simulate(plan.model.with_delays((0.0,) * 3), plan.orders, links=links).makespan
+        assert span >= bound - 1e-9, name
+    # a model that may vary over time (here: any latency model plus transmit) gives no load
+    # bound, only each message's own c + tau
+    varying = WithTransmit(StaticDelays((0.0, 0.0, 5.0)), (0.0, 0.0, 30.0))
+    assert lower_bound_under(model, varying) == pytest.approx(hop_only)

@@ -56,7 +56,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .builders import split_fused
-from .links import LinkModel
+from .links import LinkModel, StaticDelays
 from .model import CostModel, Op, Order
 from .simulate import simulate
 
@@ -237,7 +237,8 @@ def lower_bound_under(
     one's minus one grid step (the change may have come just after the previous point). The grid is
     ``resolution_ms``, coarser for delays above 512 of them, so that a hop costs at most 512 lookups;
     the bound is exact for static links and holds whenever a delay changes at most once per grid
-    step. A link that is down (inf) gives inf.
+    step. A link that is down (inf) gives inf. Bandwidth: a message sent at t takes at least
+    c(t) + tau(t) (its latency and its own transmit time; queueing behind others only adds).
     """
     if resolution_ms <= 0:
         raise ValueError(f"resolution_ms must be > 0, got {resolution_ms}")
@@ -254,15 +255,34 @@ def lower_bound_under(
         link, direction = route[0], ("fwd", "bwd")[route[1]]
         heads[s + 1] = _earliest_delivery(links, link, direction, t0 + ready, step, resolution_ms) - t0
     n = model.microbatches
-    return max(
+    ranks = max(
         min(heads[s] for s in own) + n * sum(model.fwd[s] + model.bwd[s] + model.wgt[s] for s in own)
         for own in (model.rank_stages(r) for r in range(model.ranks))
     )
+    return max([ranks, *_static_link_bounds(model, links)])
+
+
+def _static_link_bounds(model: CostModel, links: LinkModel) -> list[float]:
+    """The wires' load bounds of :func:`lower_bound_ms` when ``links`` is static (time-varying rates
+    give none here: a lower rate later cannot be bounded from the step's start); the least of the
+    two directions per link keeps them valid for asymmetric links."""
+    if not isinstance(links, StaticDelays):
+        return []
+    (tf, tb), (cf, cb) = links.static_transmit, (links.fwd, links.bwd or links.fwd)
+    tau = [min(a, b) for a, b in zip(tf, tb)]
+    if not any(t > 0 for t in tau):
+        return []
+    c = [min(a, b) for a, b in zip(cf, cb)]
+    return _link_bounds(model, (model.fwd, model.bwd, model.wgt), _hop_delays(model, c), _hop_delays(model, tau))
 
 
 def _earliest_delivery(links: LinkModel, link: int, direction: str, ready: float, step: int, grid: float) -> float:
-    """min over send times t >= ``ready`` of t + c(t), on a grid (see :func:`lower_bound_under`)."""
-    delay = links.delay_ms(link, direction, ready, step)
+    """min over send times t >= ``ready`` of t + c(t) + tau(t), on a grid (see :func:`lower_bound_under`)."""
+
+    def cost(t: float) -> float:
+        return links.delay_ms(link, direction, t, step) + links.transmit_ms(link, direction, t, step)
+
+    delay = cost(ready)
     if math.isinf(delay):
         return math.inf
     best = ready + delay
@@ -270,7 +290,7 @@ def _earliest_delivery(links: LinkModel, link: int, direction: str, ready: float
     grid = max(grid, delay / 512)
     while t < best:  # a send at or after ``best`` cannot arrive before it
         t += grid
-        c = links.delay_ms(link, direction, t, step)
+        c = cost(t)
         if c != previous:
             best = min(best, t - grid + c)
             previous = c
