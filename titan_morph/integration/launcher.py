@@ -5,7 +5,8 @@ the supervisor (:mod:`.supervisor`), which leaves nothing behind.
     Reads the TOML and the overrides exactly as the ranks will
     (:func:`~titan_morph.integration.jobconfig.load`: TorchTitan's ``ConfigManager`` with ``[morph]``,
     then every check of :func:`titan_morph.config.resolve`), checks ``NGPU`` and ``LOG_RANK``
-    against the job and the host, and only then starts ``torchrun``. A bad input is one line
+    against the job and the host (with ``NNODES`` > 1 this node's ``NGPU`` ranks of a multi-node
+    job, :mod:`.nodes`; the ``[morph]`` network interfaces), and only then starts ``torchrun``. A bad input is one line
     ``error: <key>: <what is wrong and what is allowed>`` on stderr and exit code 2, before any
     rank starts.
 ``python -m titan_morph.launch check CONFIG.toml [overrides ...]``
@@ -20,11 +21,11 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 
 from titan_morph.config import ConfigError, Settings
 from titan_morph.integration.jobconfig import config_file_of, load, without_config_file
+from titan_morph.integration.nodes import Nodes, check_interfaces, load_for_nodes, nodes_from_env
 from titan_morph.integration.shm_space import check_shm_space
 from titan_morph.integration.supervisor import TRAIN_MODULE, supervise_main, torchrun_args
 
@@ -84,27 +85,37 @@ def check_log_ranks(spec: str, ranks: int) -> None:
 def run(config_file: str, overrides: list[str], *, nproc: int | None = None, log_rank: str = "") -> int:
     """``./run_train.sh``: check, then replace this process by the supervisor of torchrun (so the
     memory of the check's imports is not held during training). Returns only on a bad config."""
-    job_config, settings = load(config_file, overrides, ranks=nproc)
-    n, shown = checked_ranks(settings, log_rank, lambda: check_shm_space(job_config, settings))
+    nodes = nodes_from_env(os.environ)
+    job_config, settings = load_for_nodes(lambda ranks: load(config_file, overrides, ranks=ranks), nodes, nproc)
+    n, shown = checked_ranks(settings, log_rank, lambda: check_shm_space(job_config, settings), nodes)
     return exec_torchrun(
         n,
         shown,
-        lambda run_id: f"run_train.sh: {n} ranks, config {config_file}, run id {run_id}, showing rank(s) {shown}",
+        lambda run_id: f"run_train.sh: {n} ranks, config {config_file}, run id {run_id}, {nodes.shown_text(shown, n)}",
         ["-m", TRAIN_MODULE, "--job.config_file", config_file, *overrides],
+        nodes,
     )
 
 
-def checked_ranks(settings: Settings, log_rank: str, check_shm: Callable[[], None]) -> tuple[int, str]:
+def checked_ranks(
+    settings: Settings, log_rank: str, check_shm: Callable[[], None], nodes: Nodes | None = None
+) -> tuple[int, str]:
     """The launch's checks against the host, in the order both releases run them (devices,
-    ``check_shm``: /dev/shm for the delegates, ``LOG_RANK``); returns the ranks and those shown."""
-    n = settings.world_size
+    ``check_shm``: /dev/shm for the delegates, the network interfaces, what one node of several
+    cannot do, ``LOG_RANK``); returns this node's ranks and the local ranks shown (``nodes``:
+    default from the environment)."""
+    nodes = nodes_from_env(os.environ) if nodes is None else nodes
+    world = settings.world_size
+    n = nodes.ranks_per_node(world)
     import torch
 
     check_devices(n, torch.cuda.device_count() if torch.cuda.is_available() else 0)
     check_shm()
+    check_interfaces(settings.morph)
+    nodes.check_job(settings)
     if log_rank:
-        check_log_ranks(log_rank, n)
-    return n, log_rank or str(loss_rank(settings, n))
+        check_log_ranks(log_rank, world)
+    return n, nodes.shown_ranks(log_rank or str(loss_rank(settings, world)), n)
 
 
 def ranks_option(nproc: str | None) -> int | None:
@@ -116,12 +127,16 @@ def ranks_option(nproc: str | None) -> int | None:
     return int(nproc)
 
 
-def exec_torchrun(n: int, shown: str, banner: Callable[[str], str], train_args: Sequence[str]) -> int:
+def exec_torchrun(
+    n: int, shown: str, banner: Callable[[str], str], train_args: Sequence[str], nodes: Nodes | None = None
+) -> int:
     """Replace this process by the supervisor of torchrun over ``train_args`` (so the memory of the
-    check's imports is not held during training); ``banner``: the line announcing it, of the run id."""
-    rid = os.environ.setdefault("TITAN_MORPH_RUN_ID", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
-    print(banner(rid), file=sys.stderr, flush=True)
-    torchrun = [*torchrun_args(sys.executable, n, shown), *train_args]
+    check's imports is not held during training) on ``n`` ranks of this node; ``banner``: the line
+    announcing it, of the run id; ``nodes``: the job's nodes (default from the environment)."""
+    nodes = nodes_from_env(os.environ) if nodes is None else nodes
+    rid = os.environ.setdefault("TITAN_MORPH_RUN_ID", nodes.run_id(os.environ))
+    print(banner(rid) + (f"; {nodes.describe()}" if nodes.multi else ""), file=sys.stderr, flush=True)
+    torchrun = [*torchrun_args(sys.executable, n, shown, nodes.rendezvous_args()), *train_args]
     sys.stdout.flush()
     os.execv(sys.executable, [sys.executable, "-m", "titan_morph.launch", "supervise", "--", *torchrun])
     return 0  # not reached

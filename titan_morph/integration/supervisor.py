@@ -79,10 +79,14 @@ def torchrun_command(
     ]
 
 
-def torchrun_args(python: str, nproc: int, show_ranks: str = "") -> list[str]:
-    """``torchrun --standalone`` on ``nproc`` ranks, showing the output of ``show_ranks`` only (all when empty)."""
+def torchrun_args(
+    python: str, nproc: int, show_ranks: str = "", rendezvous: Sequence[str] = ("--standalone",)
+) -> list[str]:
+    """``torchrun`` on ``nproc`` ranks of this node, showing the output of the local ranks
+    ``show_ranks`` only (all when empty); ``rendezvous``: how the node joins the job (one node:
+    ``--standalone``, a free rendezvous port; several: :meth:`.nodes.Nodes.rendezvous_args`)."""
     shown = ["--local-ranks-filter", show_ranks] if show_ranks else []
-    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *shown]
+    return [python, "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={nproc}", *shown]
 
 
 def _with_log_dir(cmd: list[str], log_dir: str) -> list[str]:
