@@ -111,6 +111,7 @@ class DelegateTransport(MessageBook, Transport):
         strict: a failed delegate fails every operation (True: the ``delegate`` transport), or only
             those of its own (link, direction) (False: under ``auto``, which falls back).
         device: the training device; on CUDA the segments are page-locked when made.
+        host_interfaces: ``[morph] host_ifnames``: the delegates' network interfaces (() = torch's).
     """
 
     name = "delegate"
@@ -136,6 +137,7 @@ class DelegateTransport(MessageBook, Transport):
         wire_timeout_s: float = 7 * 24 * 3600.0,
         strict: bool = True,
         device: torch.device | str | None = None,
+        host_interfaces: tuple[str, ...] = (),
     ) -> None:
         if not isinstance(delegates_per_link, int) or not 1 <= delegates_per_link <= 64:
             raise ValueError(f"delegates_per_link must be an integer in 1..64, got {delegates_per_link!r}")
@@ -179,6 +181,7 @@ class DelegateTransport(MessageBook, Transport):
             poll_releases=lambda: self.data.releases.poll(),
             drain_copies=lambda bound_s: self.data.drain(bound_s),
             device=self.device,
+            interfaces=host_interfaces,
         )
         self.data = SlotPath(self, self.pool, slots, self.device)
         # This run's token (in the delegates' command lines and segment names) and the name prefix of

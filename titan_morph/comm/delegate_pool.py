@@ -31,6 +31,7 @@ from torch._C._distributed_c10d import TCPStore
 
 from titan_morph.comm import delegate_worker as wire
 from titan_morph.comm.devices import bind_device
+from titan_morph.comm.groups import check_interface, interface_address
 from titan_morph.comm.shm import PREFIX, CudaCallError, Segment, unlink_prefix
 from titan_morph.comm.timeouts import CommTimeouts
 
@@ -125,6 +126,8 @@ class DelegatePool:
     ``cond`` guards every end's reports and is notified when the reader thread read something;
     ``prepare_segment`` readies a segment a receive delegate made; ``releases_pending`` and
     ``poll_releases`` let the reader thread release receive slots whose device copy completed.
+    ``interfaces``: ``[morph] host_ifnames``; the delegates' gloo pairs and their store use the
+    first (() = torch's choice, the store on ``MASTER_ADDR``).
     """
 
     def __init__(
@@ -143,7 +146,11 @@ class DelegatePool:
         poll_releases: Callable[[], int],
         drain_copies: Callable[[float], bool] = lambda bound_s: True,
         device: torch.device | None = None,
+        interfaces: tuple[str, ...] = (),
     ) -> None:
+        for name in interfaces:
+            check_interface(name, "[morph] host_ifnames")
+        self.interfaces = interfaces
         self.stage, self.num_stages, self.where = stage, num_stages, where
         self.k, self.slots, self.timeouts, self.strict = k, slots, timeouts, strict
         self._prepare_segment = prepare_segment
@@ -168,13 +175,17 @@ class DelegatePool:
 
     # -- start ----------------------------------------------------------------------------------
     def _rendezvous(self, group_name: str) -> str:
-        """Rank 0's trainer serves a TCPStore for the delegates; its address and a run token travel
+        """Rank 0's trainer serves a TCPStore for the delegates; its address (on the first host
+        interface when ``interfaces`` names one, else ``MASTER_ADDR``) and a run token travel
         through the training group's store (key namespace per group and construction order)."""
         base = dist.distributed_c10d._get_default_store()
         key = f"{STORE_PREFIX}/{group_name}/{next(_instances)}/addr"
         startup = timedelta(seconds=self.timeouts.init_s)
         if self.stage == 0:
-            host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+            if self.interfaces:
+                host = interface_address(self.interfaces[0], "[morph] host_ifnames")
+            else:
+                host = os.environ.get("MASTER_ADDR", "127.0.0.1")
             self._master = TCPStore(
                 "0.0.0.0" if host not in ("127.0.0.1", "localhost") else host,
                 0,
@@ -218,6 +229,8 @@ class DelegatePool:
         }
         child_fds = [fd for dg in self.roles for fd in (dg.cmd_r, dg.out_w)] + [status_w]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        if self.interfaces:  # the delegates' gloo pairs connect over the host interface
+            env["GLOO_SOCKET_IFNAME"] = self.interfaces[0]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "titan_morph.comm.delegate_worker", f"--run={self.token}", json.dumps(spec)],
             pass_fds=child_fds,

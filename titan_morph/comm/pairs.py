@@ -43,6 +43,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 
 from titan_morph.comm.devices import bind_device
+from titan_morph.comm.groups import GROUP_LOCK, check_interface, gloo_options
 from titan_morph.comm.records import MessageRecord
 from titan_morph.comm.system import fd_targets
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
@@ -54,7 +55,8 @@ __all__ = ["NCCL_PAIR_ENV", "BreakPlan", "LinkFailedError", "LinkGroups", "LinkT
 logger = logging.getLogger(__name__)
 
 STORE_PREFIX = "titan_morph/links"
-_create_lock = threading.Lock()  # group creation: one at a time, so its new sockets are its own
+_create_lock = GROUP_LOCK  # group creation: one at a time, so its new sockets are its own (and no
+# temporary GLOO_SOCKET_IFNAME of another group leaks into it)
 
 
 # ProcessGroupNCCL reads these when a group is made: 2 = CleanUpOnly (a timed-out or failed
@@ -111,7 +113,8 @@ def _sockets() -> dict[int, str]:
 class PairGroup:
     """The 2-rank process group of link ``link``, generation ``tag`` (``0``, ``probe3``...).
 
-    Both ends construct it (blocking until the other does, at most ``timeout_s``)."""
+    Both ends construct it (blocking until the other does, at most ``timeout_s``). ``interface``:
+    a gloo group's connections use that network interface ("" = torch's choice)."""
 
     def __init__(
         self,
@@ -124,6 +127,7 @@ class PairGroup:
         backend: str,
         timeout_s: float,
         device: torch.device | None = None,
+        interface: str = "",
     ) -> None:
         self.link, self.tag, self.index, self.peer = link, tag, index, 1 - index
         self.backend = backend
@@ -134,6 +138,8 @@ class PairGroup:
             before = _sockets()
             if backend == "nccl":
                 self.pg: Any = _nccl_group(prefixed, index, timeout_s, device)
+            elif interface:
+                self.pg = dist.ProcessGroupGloo(prefixed, index, 2, gloo_options(interface, timeout_s))
             else:
                 self.pg = dist.ProcessGroupGloo(prefixed, index, 2, timedelta(seconds=timeout_s))
             self._fds = [fd for fd, inode in _sockets().items() if before.get(fd) != inode]
@@ -248,7 +254,9 @@ class LinkGroups:
 
     Collective between neighbouring ranks: every pipeline rank constructs one, in the same order.
     ``split_directions``: one group per direction (None: on NCCL, see the module docstring);
-    ``make_group``: how one group is made (tests pass a fake backend's)."""
+    ``make_group``: how one group is made (tests pass a fake backend's); ``interface``: the network
+    interface of gloo groups (``[morph] data_ifname``; "" = torch's choice; NCCL picks its RNIC
+    from its own environment)."""
 
     def __init__(
         self,
@@ -263,7 +271,11 @@ class LinkGroups:
         breaks: BreakPlan | None = None,
         split_directions: bool | None = None,
         make_group: GroupFactory | None = None,
+        interface: str = "",
     ) -> None:
+        if interface and backend == "gloo":
+            check_interface(interface, "[morph] data_ifname")
+        self.interface = interface if backend == "gloo" else ""
         self.stage, self.num_stages = stage, num_stages
         self.namespace = f"{STORE_PREFIX}/{namespace}"
         self.backend, self.timeouts, self.breaks = backend, timeouts, breaks
@@ -282,7 +294,15 @@ class LinkGroups:
     def _pair_factory(self, store: Store) -> GroupFactory:
         def make(link: int, tag: str, index: int, timeout_s: float) -> PairGroup:
             return PairGroup(
-                store, self.namespace, link, tag, index, backend=self.backend, timeout_s=timeout_s, device=self.device
+                store,
+                self.namespace,
+                link,
+                tag,
+                index,
+                backend=self.backend,
+                timeout_s=timeout_s,
+                device=self.device,
+                interface=self.interface,
             )
 
         return make

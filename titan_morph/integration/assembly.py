@@ -39,6 +39,7 @@ from titan_morph.pipelining.baselines import zbv_memory
 from titan_morph.pipelining.builders import V_SCHEDULES, build
 from titan_morph.pipelining.model import CostModel, Plan
 from titan_morph.pipelining.simulate import simulate
+from titan_morph.runtime.exchange import StepExchange
 from titan_morph.runtime.schedule import MorphSchedule
 from titan_morph.runtime.summary import summary_lines
 from titan_morph.runtime.testbed import DeviceClock, StageTimes, pad_stage_compute
@@ -232,6 +233,7 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
             timeouts=timeouts,
             strict=strict,
             device=device,
+            host_interfaces=morph.host_interfaces,
         )
 
     if morph.transport == "delegate":  # all PP traffic via delegates; they apply the injected delays
@@ -251,6 +253,7 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
             timeouts=timeouts,
             device=device,
             breaks=BreakPlan(*window) if window is not None else None,
+            interface=morph.data_ifname,
         )
         primary = LinkTransport(pairs, group=stage.group, epoch=clock.epoch)
     if links is not None:
@@ -441,7 +444,8 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
         plan = initial_plan(family, morph, stages, req.n_microbatches)
         device_clock = prepare_stage(req)
         multi = req.stage.group_size > 1
-        transport = exchange = monitor = None
+        transport = monitor = None
+        exchange: StepExchange | None = None
         if multi:
             hybrid = isinstance(req.parallel_dims, HybridParallelDims)
             clock = sync_clock(None if hybrid else req.stage.group)  # DP x PP: one clock for the world
@@ -457,6 +461,10 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
                     req.parallel_dims,
                     cost,
                     plan.model.stages_per_rank,
+                )
+            if exchange is None and morph.host_interfaces:  # the per-step exchange on the host NIC
+                exchange = StepExchange(
+                    _group_of(req.stage), req.n_microbatches, plan.model.stages_per_rank, morph.host_interfaces[0]
                 )
             if monitor is not None and hybrid:  # slow pairs the orchestrator moved onto this pipeline
                 known = known_link_delays(_group_of(req.stage))

@@ -79,11 +79,13 @@ def step_profile(record: StepRecord, stage: int, epoch: float) -> StepProfile:
 
 
 class StepExchange:
-    """All-gathers one :class:`StepProfile` row per rank of ``group`` (on a CPU group); each rank
-    runs ``stages_per_rank`` stages."""
+    """All-gathers one :class:`StepProfile` row per rank of ``group`` (on a CPU group, bound to
+    ``interface`` when one is given: ``[morph] host_ifnames``); each rank runs ``stages_per_rank`` stages."""
 
-    def __init__(self, group: dist.ProcessGroup, microbatches: int, stages_per_rank: int = 1) -> None:
-        self.group = cpu_group(group)
+    def __init__(
+        self, group: dist.ProcessGroup, microbatches: int, stages_per_rank: int = 1, interface: str = ""
+    ) -> None:
+        self.group = cpu_group(group, interface)
         self.microbatches = microbatches
         self.stages_per_rank = stages_per_rank
         self.width = row_width(microbatches, stages_per_rank)

@@ -67,6 +67,7 @@ class HybridExchange(StepExchange):
         dp_group: this stage's DP group on the DP backend (for probes; None: never probe).
         capacity: DP stamps a rank reports per step (the newest; older ones are counted as dropped).
         moves_before: topology moves made before this launch (``morph/topology_changes`` counts on).
+        interface: the network interface of the exchange's gloo groups ("" = torch's choice).
     """
 
     def __init__(
@@ -80,12 +81,13 @@ class HybridExchange(StepExchange):
         capacity: int = 64,
         moves_before: int = 0,
         stages_per_rank: int = 1,
+        interface: str = "",
     ) -> None:
-        super().__init__(pipeline_group, microbatches, stages_per_rank)
+        super().__init__(pipeline_group, microbatches, stages_per_rank, interface)
         world = dist.group.WORLD
         if world is None:  # torch types WORLD as optional: it is None before init_process_group
             raise RuntimeError("HybridExchange: torch.distributed has no default process group")
-        self.world = cpu_group(world)
+        self.world = cpu_group(world, interface)
         self.world_size = dist.get_world_size(self.world)
         self.pipeline_ranks = dist.get_process_group_ranks(pipeline_group)
         self.topology = topology
