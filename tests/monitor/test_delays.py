@@ -54,7 +54,11 @@ def test_matching_uses_path_and_direction():
 
 
 def test_row_round_trip():
-    p = prof(1, send(1, 7, 1.5, d="bwd"), recv(0, 3, arrived=2.5, waited=1.0, returned=3.0, path="delegate"))
+    p = prof(
+        1,
+        MessageStamp("send", "emulated", 1, "bwd", 7, 1.5, nbytes=4096),
+        recv(0, 3, arrived=2.5, waited=1.0, returned=3.0, path="delegate"),
+    )
     row = encode(p, microbatches=4)
     assert len(row) == row_width(4)
     q = decode(row)
@@ -63,6 +67,7 @@ def test_row_round_trip():
         (m.side, m.path, m.link, m.direction, m.seq, m.t1) for m in p.messages
     ]
     assert math.isnan(q.messages[0].t2) and q.messages[1].t3 == 3.0
+    assert [m.nbytes for m in q.messages] == [4096, 0]  # sizes travel for the bandwidth estimate (0 = unknown)
 
 
 def test_row_overflow_drops_extra_messages_instead_of_failing():

@@ -4,8 +4,8 @@ The runtime all-gathers one row per pipeline rank after every step (one small co
 group, no external service: the paper used Redis). The row carries everything the other ranks
 need: the plan the rank ran (every rank checks that they agree), its compute times per op kind and,
 when it runs several stages (the V), per stage, its send blocking and failovers (TensorBoard), and
-one entry per pipeline message it sent or received in the step (the monitor's delays, the latency
-figures). Times are ms on the pipeline's common clock
+one entry per pipeline message it sent or received in the step, with its size (the monitor's
+delays and bandwidth, the latency figures). Times are ms on the pipeline's common clock
 (:mod:`titan_morph.comm.clock`), so a receiver's arrival compares with the sender's acceptance on
 another host.
 """
@@ -24,7 +24,7 @@ _SCALARS = ("plan", "blocked_ms", "send_late_ms", "sends", "failovers")
 # stage, step, start, end, nrows, sent_ms, nstages, scalars, (sum, count) per kind
 _HEADER = 7 + len(_SCALARS) + 2 * len(_KINDS)
 _STAGE = 1 + 2 * len(_KINDS)  # per stage of a rank with several: its index, (sum, count) per kind
-_MSG = 8  # side, path, link, dir, seq, t1, t2, t3
+_MSG = 9  # side, path, link, dir, seq, t1, t2, t3, nbytes
 NAN = float("nan")
 
 
@@ -35,7 +35,8 @@ class MessageStamp:
     Send: ``t1`` = accepted on the link (after any head-of-line blocking), ``t2`` = the link model's
     planned delivery (NaN without emulation). Receive: ``t1`` = arrival stamped by the transport
     independently of the consumer (NaN when it cannot, e.g. plain torch.distributed), ``t2`` = when
-    the training thread began waiting for it, ``t3`` = when that wait returned.
+    the training thread began waiting for it, ``t3`` = when that wait returned. ``nbytes``: the
+    payload's size (the monitor's bandwidth estimate, :mod:`.bandwidth`; 0 = unknown).
     """
 
     side: str  # "send" | "recv"
@@ -46,6 +47,7 @@ class MessageStamp:
     t1: float = NAN
     t2: float = NAN
     t3: float = NAN
+    nbytes: int = 0
 
     @property
     def key(self) -> tuple[str, int, str, int]:
@@ -148,6 +150,7 @@ def encode(profile: StepProfile, microbatches: int, stages_per_rank: int = 1) ->
             m.t1,
             m.t2,
             m.t3,
+            float(m.nbytes),
         ]
         at += _MSG
     return row
@@ -173,7 +176,7 @@ def decode(row: Sequence[float], stages_per_rank: int = 1) -> StepProfile:
     messages = []
     at = _HEADER + _STAGE * stages_per_rank
     for _ in range(int(nrows)):
-        side, path, link, d, seq, t1, t2, t3 = row[at : at + _MSG]
+        side, path, link, d, seq, t1, t2, t3, nbytes = row[at : at + _MSG]
         messages.append(
             MessageStamp(
                 "send" if side == 0 else "recv",
@@ -184,6 +187,7 @@ def decode(row: Sequence[float], stages_per_rank: int = 1) -> StepProfile:
                 float(t1),
                 float(t2),
                 float(t3),
+                int(nbytes),
             )
         )
         at += _MSG

@@ -69,10 +69,20 @@ def step_profile(record: StepRecord, stage: int, epoch: float) -> StepProfile:
             accepted = msg.accepted if msg.accepted is not None else msg.issued
             if msg.ready is not None:  # CUDA: the link starts when the sender's device had the payload
                 accepted = max(accepted, msg.ready)
-            stamp = MessageStamp("send", msg.path, msg.link, msg.direction, msg.seq, accepted, ms(msg.planned))
+            stamp = MessageStamp(
+                "send", msg.path, msg.link, msg.direction, msg.seq, accepted, ms(msg.planned), nbytes=msg.nbytes
+            )
         else:
             stamp = MessageStamp(
-                "recv", msg.path, msg.link, msg.direction, msg.seq, ms(msg.arrived), ms(msg.waited), ms(msg.completed)
+                "recv",
+                msg.path,
+                msg.link,
+                msg.direction,
+                msg.seq,
+                ms(msg.arrived),
+                ms(msg.waited),
+                ms(msg.completed),
+                msg.nbytes,
             )
         prof.messages.append(stamp)
     return prof
