@@ -64,16 +64,17 @@ def test_every_shipped_job_resolves_with_its_ranks() -> None:
     from titan_morph.integration.titan03.jobconfig import load
 
     for function, ranks in SHIPPED.items():
-        if function != "hybrid_cpu":
-            assert load(function)[1].world_size == ranks, function
+        assert load(function)[1].world_size == ranks, function
 
 
-def test_dp_x_pp_is_refused_in_one_line() -> None:
-    """Not yet on 0.3.0 (README): refused before any rank starts, naming why."""
-    result = check("hybrid_cpu")
-    assert result.returncode == 2
-    assert len(result.stderr.splitlines()) == 1
-    assert result.stderr.startswith("error: parallelism: DP x PP is not supported on TorchTitan 0.3.0 yet")
+def test_dp_x_pp_resolves_as_a_hybrid_job() -> None:
+    """``hybrid_cpu``: PP = 2 x FSDP = 2, the checkpoint on (a topology move resumes from it)."""
+    from titan_morph.integration.titan03.jobconfig import load
+
+    _, settings = load("hybrid_cpu")
+    assert settings.hybrid and (settings.stages, settings.dp_degree) == (2, 2)
+    assert settings.job.checkpoint and settings.morph.orchestrator == "pp"
+    assert check("hybrid_cpu").returncode == 0
 
 
 def test_the_morph_field_has_the_toml_options() -> None:

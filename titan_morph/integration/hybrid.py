@@ -10,10 +10,13 @@ pipeline sends between the two hosts (the link emulator, per pipeline) and to th
 whose ring uses the pair (:mod:`titan_morph.comm.collectives`).
 
 Mesh. :class:`HybridParallelDims` is TorchTitan's ParallelDims with the data-parallel mesh
-dimensions (``batch``, ``fsdp``, ``dp_replicate``, ``efsdp`` and the flattened ``loss`` mesh) created
-on the DP backend, so FSDP's all-gathers and reduce-scatters, the gradient-norm and loss
-all-reduces all run through it; the pipeline and world groups stay on gloo. This needs gloo (the CPU
-adaptation): on GPUs the DP groups stay NCCL and are neither delayed nor measured.
+dimensions (:data:`DP_MESH_DIMS` and the flattened ``loss`` mesh) created on the DP backend, so
+FSDP's all-gathers and reduce-scatters, the gradient-norm and loss all-reduces all run through it;
+the pipeline and world groups stay on gloo. This needs gloo (the CPU adaptation): on GPUs the DP
+groups stay NCCL and are neither delayed nor measured. Both TorchTitan releases build their meshes
+through torch's ``_unflatten``/``_flatten`` with the same ``loss_mesh``; they differ in the names
+(0.2.2 shards over ``fsdp``, 0.3.0 over ``dp_shard`` beside the folded ``dp``) and in the fields of
+ParallelDims, which is why the names are a union and the fields are copied as the dataclass lists them.
 
 Moves. Every rank's :class:`~titan_morph.runtime.hybrid.HybridExchange` reaches the same
 :class:`~titan_morph.monitor.topology.Move` after the same step. The trainer then finishes that
@@ -29,6 +32,7 @@ calls :func:`known_link_delays`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -64,7 +68,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-DP_MESH_DIMS = ("batch", "fsdp", "dp_replicate", "efsdp")
+DP_MESH_DIMS = ("batch", "fsdp", "dp_shard", "dp", "dp_replicate", "efsdp")
+"""Mesh dimensions of data parallelism in either release (a release builds only some of them)."""
+SHARD_MESHES = ("fsdp", "dp_shard")
+"""FSDP's shard dimension: 0.2.2's name, then 0.3.0's (the first one the ParallelDims has is used)."""
 LOSS_MESH = "loss_mesh"
 
 
@@ -122,6 +129,20 @@ class HybridParallelDims(ParallelDims):
         with _dp_dims_on(collectives.register()):
             return super().build_mesh()
 
+    def shard_mesh(self) -> DeviceMesh | None:
+        """This rank's FSDP shard mesh (None when sharding is off), under the release's name."""
+        for name in SHARD_MESHES:
+            try:
+                return self.get_optional_mesh(name)
+            except ValueError:  # a dimension this release does not build
+                continue
+        return None
+
+
+def _init_fields(dims: ParallelDims) -> dict[str, Any]:
+    """The public constructor arguments of ``dims`` (its release's ParallelDims dataclass fields)."""
+    return {f.name: getattr(dims, f.name) for f in dataclasses.fields(dims) if f.init and not f.name.startswith("_")}
+
 
 def parallel_dims_for(settings: Settings, dims: ParallelDims) -> ParallelDims:
     """``dims`` as :class:`HybridParallelDims` for DP x PP on gloo (after configuring the DP backend
@@ -134,8 +155,7 @@ def parallel_dims_for(settings: Settings, dims: ParallelDims) -> ParallelDims:
         return dims
     layout = layout_of(settings)
     collectives.configure(layout.hosts, pair_delays(settings.morph.inject))
-    names = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp", "world_size")
-    return HybridParallelDims(**{name: getattr(dims, name) for name in names})
+    return HybridParallelDims(**_init_fields(dims))
 
 
 def make_exchange(
@@ -153,7 +173,7 @@ def make_exchange(
     morph = settings.morph
     rule = morph.detect_rule(floor_ms=morph.dp_detect_min_ms)
     topology = TopologyMonitor(layout_of(settings), rule, morph.orchestrator, cost)
-    dp = parallel_dims.get_optional_mesh("fsdp")
+    dp = parallel_dims.shard_mesh()
     return HybridExchange(
         pipeline_group,
         microbatches,

@@ -173,14 +173,7 @@ def settings_of(config: Any, ranks: int | None = None) -> Settings:
     if not isinstance(morph, Morph):
         raise ConfigError(f"morph: the config has no morph field: return MorphTrainer.Config (see {CONFIG_MODULE})")
     _check_schedule(config)
-    settings = resolve(morph, job_view(config, ranks))
-    if settings.hybrid:
-        raise ConfigError(
-            "parallelism: DP x PP is not supported on TorchTitan 0.3.0 yet (titan_morph's DP backend and"
-            " topology moves read 0.2.2's ParallelDims and mesh names): use data_parallel_shard_degree ="
-            " data_parallel_replicate_degree = 1, or TorchTitan 0.2.2"
-        )
-    return settings
+    return resolve(morph, job_view(config, ranks))
 
 
 def load(
