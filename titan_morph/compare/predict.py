@@ -9,7 +9,9 @@ injected static delays, under the monitor's policy (slow links delegated with ``
 cap unless ``adapt_memory_budget``, non-blocking). Time-varying links are simulated step by step
 (each step starting where the previous one ended, so without the host's gaps between steps: an
 estimate); an adaptive variant under them has no offline prediction (its runtime's
-``morph/predicted_ms`` is used).
+``morph/predicted_ms`` is used). Link rates (``bandwidth_mbit``...) need the message size: the
+synthetic testbed's ``message_kb``, or ``message_bytes`` from the caller (the runtime computes it
+from the model); PipeMorph's initial plan then assumes their transmit times as the runtime's does.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import statistics
 
 from titan_morph.compare.variants import Variant
 from titan_morph.config import MorphSettings, Settings
+from titan_morph.pipelining.links import LinkModel
 from titan_morph.pipelining.model import Plan
 
 __all__ = ["simulated_ms"]
@@ -32,9 +35,16 @@ def adapted(variant: Variant, morph: MorphSettings, delays: tuple[float, ...] | 
 
 
 def _plan(
-    variant: Variant, morph: MorphSettings, stages: int, n: int, delays: tuple[float, ...] | None
+    variant: Variant,
+    morph: MorphSettings,
+    stages: int,
+    n: int,
+    delays: tuple[float, ...] | None,
+    links: LinkModel | None = None,
 ) -> tuple[Plan, int | None]:
-    """(plan, link-queue depth to simulate it with), as the runtime and its monitor build them."""
+    """(plan, link-queue depth to simulate it with), as the runtime and its monitor build them
+    (``links``: the run's link model, whose rates the initial plan may assume)."""
+    from titan_morph.config.links import plan_transmit
     from titan_morph.integration.assembly import FAMILIES, adapt_policy, cost_model, initial_plan
     from titan_morph.monitor.replan import adapted_plan, search_iterations
     from titan_morph.pipelining.builders import build
@@ -43,7 +53,7 @@ def _plan(
         return build(_TORCH_FAMILIES[variant.schedule], cost_model(morph, stages, n, memory=False)), morph.depth
     family = FAMILIES[variant.schedule]
     if not adapted(variant, morph, delays):
-        return initial_plan(family, morph, stages, n), morph.depth
+        return initial_plan(family, morph, stages, n, transmit=plan_transmit(morph, links)), morph.depth
     # The monitor's policy: with slow links delegated (auto/delegate) adapted plans drop the memory
     # cap (or use adapt_memory_budget) and are planned for the non-blocking path.
     policy = adapt_policy(family, morph, stages)
@@ -52,9 +62,12 @@ def _plan(
     return adapted_plan(model, search=policy.search, depth=policy.depth, iterations=iterations), policy.depth
 
 
-def simulated_ms(settings: Settings, variant: Variant, skip: int) -> tuple[float | None, str]:
-    """(median simulated step makespan over steps > ``skip``, note); (None, why) when unavailable."""
-    from titan_morph.config.links import link_model
+def simulated_ms(
+    settings: Settings, variant: Variant, skip: int, message_bytes: int | None = None
+) -> tuple[float | None, str]:
+    """(median simulated step makespan over steps > ``skip``, note); (None, why) when unavailable.
+    ``message_bytes``: one inter-stage message's size where the configuration does not fix it."""
+    from titan_morph.config.links import bandwidth_keys, configured_message_bytes, link_model
     from titan_morph.pipelining.links import LinkDownError, StaticDelays
     from titan_morph.pipelining.simulate import simulate
 
@@ -67,7 +80,13 @@ def simulated_ms(settings: Settings, variant: Variant, skip: int) -> tuple[float
     if morph.stage_times(stages) is None:
         return None, "compute times unknown (not the synthetic testbed, no stage_times_ms)"
     steps = settings.job.steps
-    links = link_model(morph.inject, stages - 1, steps=steps)
+    size = configured_message_bytes(settings) or message_bytes
+    if size is None and bandwidth_keys(morph.inject) and morph.inject.mode != "none":
+        return None, "link rates without a known message size (set [morph.synthetic] message_kb)"
+    try:
+        links = link_model(morph.inject, stages - 1, steps=steps, message_bytes=size)
+    except ValueError as err:  # a trace with a rate column and no known message size
+        return None, str(err)
     inject = morph.inject
     static = inject.mode in ("none", "static")
     delays = None
@@ -77,7 +96,7 @@ def simulated_ms(settings: Settings, variant: Variant, skip: int) -> tuple[float
         return None, "adaptive under time-varying links: see the runtime's morph/predicted_ms"
     if delays is not None and any(math.isinf(d) for d in delays):
         return None, "a link is down"
-    plan, depth = _plan(variant, morph, stages, settings.microbatches, delays)
+    plan, depth = _plan(variant, morph, stages, settings.microbatches, delays, links)
     model = plan.model.with_delays((0.0,) * (stages - 1))
     if links is None:
         links = StaticDelays.zeros(stages - 1)

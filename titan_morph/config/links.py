@@ -2,6 +2,11 @@
 
 One definition per mode (static, random, trace, break, rank pairs), so the delays a run injects
 and the delays the simulator and the end-of-run summary assume are the same objects.
+
+Bandwidth (``bandwidth_mbit``, ``random_bandwidth_mbit``, a trace's ``bandwidth_mbit`` column) turns a
+rate into a transmit time per message, bytes x 8 / rate: the builder is given each link's message
+size per direction (:func:`configured_message_bytes`, or the stage's activations where the model is
+known), so the emulator and the simulator time the same bytes.
 """
 
 from __future__ import annotations
@@ -15,12 +20,34 @@ from typing import TYPE_CHECKING
 
 from titan_morph.comm.collectives import PairDelays
 from titan_morph.config.fields import fail, limit_reason
-from titan_morph.pipelining.links import DIRECTIONS, LinkModel, RandomDelays, StaticDelays, TraceDelays, table3_trace
+from titan_morph.pipelining.links import (
+    DIRECTIONS,
+    Bandwidth,
+    LinkModel,
+    RandomDelays,
+    StaticDelays,
+    TraceDelays,
+    table3_trace,
+)
 
 if TYPE_CHECKING:
-    from titan_morph.config.settings import InjectSettings
+    from titan_morph.config.settings import InjectSettings, MorphSettings, Settings
 
-__all__ = ["BUILTIN_TRACES", "break_window", "check_trace", "link_model", "pair_delays", "trace_path"]
+__all__ = [
+    "BUILTIN_TRACES",
+    "MessageBytes",
+    "bandwidth_keys",
+    "break_window",
+    "check_trace",
+    "configured_message_bytes",
+    "link_model",
+    "pair_delays",
+    "plan_transmit",
+    "trace_path",
+]
+
+MessageBytes = int | Sequence[tuple[int, int]]
+"""One size for every message, or (fwd, bwd) bytes per link."""
 
 BUILTIN_TRACES = ("table3",)
 
@@ -96,15 +123,64 @@ def pair_delays(inject: InjectSettings) -> PairDelays | None:
     return PairDelays(dict(zip(inject.rank_links, delays)), inject.start_step, inject.end_step)
 
 
+def configured_message_bytes(settings: Settings) -> int | None:
+    """Bytes of every inter-stage message when the configuration alone fixes them: the synthetic
+    testbed's ``message_kb`` (activations and gradients alike); None otherwise (the model's)."""
+    syn = settings.morph.synthetic
+    return round(syn.message_kb * 1024) if syn.enabled and syn.message_kb > 0 else None
+
+
+def bandwidth_keys(inject: InjectSettings) -> list[str]:
+    """The bandwidth options ``inject`` sets (a rate limit on some link), by key."""
+    keys = []
+    if any(r > 0 for r in inject.bandwidth_mbit):
+        keys.append("morph.inject.bandwidth_mbit")
+    if inject.random_bandwidth_mbit:
+        keys.append("morph.inject.random_bandwidth_mbit")
+    return keys
+
+
+def _per_link_bytes(message_bytes: MessageBytes, num_links: int) -> tuple[tuple[int, int], ...]:
+    if isinstance(message_bytes, int):
+        return ((message_bytes, message_bytes),) * num_links
+    sizes = tuple((int(f), int(b)) for f, b in message_bytes)
+    if len(sizes) != num_links:
+        raise ValueError(f"message sizes: {num_links} (fwd, bwd) pairs needed (one per link), got {len(sizes)}")
+    return sizes
+
+
+def _with_bandwidth(
+    inject: InjectSettings, inner: LinkModel, num_links: int, message_bytes: MessageBytes | None
+) -> LinkModel:
+    """``inner`` with the configured rates, when any link has one (else ``inner`` itself)."""
+    rated = bool(bandwidth_keys(inject)) or (isinstance(inner, TraceDelays) and inner.has_rates)
+    if not rated:
+        return inner
+    if message_bytes is None:
+        key = (bandwidth_keys(inject) or ["morph.inject.trace_file"])[0]
+        raise ValueError(
+            f"{key}: a rate needs the size of each link's messages, unknown for this model: "
+            "set [morph.synthetic] message_kb (synthetic testbed) or use a llama3 model"
+        )
+    rates = inject.bandwidth_mbit or (0.0,)
+    rates = rates * num_links if len(rates) == 1 else rates
+    return Bandwidth(inner, tuple(rates), _per_link_bytes(message_bytes, num_links))
+
+
 def link_model(
-    inject: InjectSettings, num_links: int, steps: int = 200, hosts: Sequence[int] | None = None
+    inject: InjectSettings,
+    num_links: int,
+    steps: int = 200,
+    hosts: Sequence[int] | None = None,
+    message_bytes: MessageBytes | None = None,
 ) -> LinkModel | None:
     """The injected-delay model for ``num_links`` links (None when mode = none, or break, which
     fails the real path instead of modelling a delay).
 
     ``steps`` (the run's training steps) rescales the built-in Table 3 trace onto the run. With
     ``rank_links``, ``hosts`` (the host of each stage of this pipeline, first to last) gives link
-    ``i`` the delay of the pair (hosts[i], hosts[i+1]).
+    ``i`` the delay of the pair (hosts[i], hosts[i+1]). ``message_bytes`` (one size, or (fwd, bwd)
+    per link) turns the configured rates into transmit times; needed only when a rate is set.
     """
     if inject.mode in ("none", "break"):
         return None
@@ -120,13 +196,31 @@ def link_model(
         inner = StaticDelays(delays)
     elif inject.mode == "random":
         low, high = inject.random_interval_ms
+        rates = inject.random_bandwidth_mbit
         inner = RandomDelays(
-            num_links, inject.random_mean_ms, inject.random_std_ms, (low, high), inject.seed, inject.links or None
+            num_links,
+            inject.random_mean_ms,
+            inject.random_std_ms,
+            (low, high),
+            inject.seed,
+            inject.links or None,
+            rates=(rates[0], rates[1]) if rates else None,
         )
     else:
         path = trace_path(inject.trace_file)
         inner = table3_trace(num_links + 1, steps) if path == "table3" else TraceDelays.from_csv(path, num_links)
+    inner = _with_bandwidth(inject, inner, num_links, message_bytes)
     return _Windowed(inner, inject.start_step, inject.end_step, inject.direction)
+
+
+def plan_transmit(morph: MorphSettings, links: LinkModel | None) -> tuple[float, ...] | None:
+    """Per-link transmit times PipeMorph's initial plan assumes: the injected rates' at
+    ``start_step`` (max over directions), when the plan is made for known link conditions
+    (``plan_delays_ms``) and some link has a rate; None otherwise (the planner's ``CostModel.transmit``)."""
+    if links is None or not morph.plan_delays_ms:
+        return None
+    transmit = links.transmit_snapshot(step=morph.inject.start_step)
+    return transmit if any(t > 0 for t in transmit) else None
 
 
 def break_window(inject: InjectSettings, num_links: int) -> tuple[frozenset[int], int, int] | None:

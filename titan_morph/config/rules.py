@@ -13,10 +13,10 @@ import math
 from typing import TYPE_CHECKING
 
 from titan_morph.config.fields import Layout, fail, limit_reason
-from titan_morph.config.links import check_trace
+from titan_morph.config.links import bandwidth_keys, check_trace
 
 if TYPE_CHECKING:
-    from titan_morph.config.settings import InjectSettings, JobView, MorphSettings
+    from titan_morph.config.settings import InjectSettings, JobView, MorphSettings, SyntheticSettings
 
 __all__ = ["check_job", "check_joined", "check_morph", "delay_limit_ms", "dp_degree", "microbatches"]
 
@@ -124,6 +124,39 @@ def _check_rank_links(inj: InjectSettings, world: int | None) -> None:
         raise fail("morph.inject.delays_ms", list(inj.delays_ms), "has inf: a rank pair cannot go down (finite delays)")
 
 
+def _check_bandwidth(inj: InjectSettings, synthetic: SyntheticSettings, limit: float | None) -> None:
+    """The rate options: a mode that emulates links (break fails them, rank pairs delay hosts),
+    ``random_bandwidth_mbit`` as [low, high] in random mode, and, where the message size is known
+    (``message_kb``), one message's transmit time within the delay limit."""
+    rates = inj.random_bandwidth_mbit
+    if rates:
+        key = "morph.inject.random_bandwidth_mbit"
+        if len(rates) != 2 or rates[0] > rates[1]:
+            raise fail(key, list(rates), "must be [low, high] Mbit/s with 0 < low <= high")
+        if inj.mode != "random":
+            raise fail(key, list(rates), f"needs mode = random (it re-draws with the delays), got mode = {inj.mode!r}")
+    keys = bandwidth_keys(inj)
+    if not keys:
+        return
+    key = keys[0]
+    shown = list(inj.bandwidth_mbit if key.endswith(".bandwidth_mbit") else rates)
+    if inj.mode in ("none", "break"):
+        why = "a link that fails has no rate" if inj.mode == "break" else "nothing is emulated"
+        raise fail(key, shown, f"needs mode = static, random or trace (the link emulator), got {inj.mode!r}: {why}")
+    if inj.rank_links:
+        raise fail(key, shown, "is per pipeline link: it cannot be combined with rank_links (host pairs)")
+    slowest = min([r for r in inj.bandwidth_mbit if r > 0] + ([rates[0]] if rates else []))
+    if limit is not None and synthetic.enabled and synthetic.message_kb > 0:
+        worst = synthetic.message_kb * 1024 * 8 / (slowest * 1e3)
+        if worst > limit:
+            raise fail(
+                key,
+                shown,
+                f"makes a {synthetic.message_kb:g} KiB message take {worst:g} ms at {slowest:g} Mbit/s; "
+                f"{limit_reason(limit)}",
+            )
+
+
 def _check_inject(inj: InjectSettings, links: int | None, limit: float | None, transport: str) -> None:
     if inj.end_step != 0 and inj.end_step < inj.start_step:
         raise fail("morph.inject.end_step", inj.end_step, f"must be 0 (never stop) or >= start_step ({inj.start_step})")
@@ -171,8 +204,15 @@ def check_morph(morph: MorphSettings, layout: Layout, world: int | None) -> None
             )
     links = None if layout.stages is None else max(layout.stages - 1, 0)
     _check_inject(morph.inject, links, layout.delay_limit_ms, morph.transport)
+    _check_bandwidth(morph.inject, morph.synthetic, layout.delay_limit_ms)
     if morph.synthetic.hidden % 16:
         raise fail("morph.synthetic.hidden", morph.synthetic.hidden, "must be a multiple of 16")
+    if (morph.synthetic.message_kb * 256) % 1:
+        raise fail(
+            "morph.synthetic.message_kb",
+            morph.synthetic.message_kb,
+            "must be a multiple of 1/256 KiB (whole float32 values)",
+        )
 
 
 def check_joined(morph: MorphSettings, job: JobView, n: int, dp: int) -> None:

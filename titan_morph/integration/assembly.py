@@ -8,8 +8,10 @@ A schedule builder (:mod:`.schedules`) gets a :class:`ScheduleRequest` and assem
 * the initial plan: PipeMorph's Alg. 1 warm-up under ``memory_budget`` (Alg. 2 for
   ``plan_delays_ms`` when given, + the search when ``search``), or a baseline's fixed warm-up;
 * the transport of ``[morph] transport`` with the ``[morph.inject]`` link emulator, on the
-  pipeline's common clock (the world's, for DP x PP);
-* the testbed's padding (``[morph.synthetic]``) and the monitor's policy;
+  pipeline's common clock (the world's, for DP x PP); its link model (:meth:`ScheduleRequest.links`,
+  rates turned into transmit times for this pipeline's message size) is built once and shared by
+  the emulator, the initial plan and the runtime's simulator;
+* the testbed's padding (``[morph.synthetic]``: compute times, message size) and the monitor's policy;
 * for DP x PP, the world-wide exchange and the topology monitor (:mod:`.hybrid`), with this
   pipeline's simulated step under link delays as the placement cost.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 import torch
@@ -30,19 +32,20 @@ from torch.distributed.pipelining.schedules import _PipelineSchedule
 from titan_morph.comm.clock import CommonClock, sync_clock
 from titan_morph.comm.transport import TorchTransport, Transport
 from titan_morph.config import MorphSettings, Settings
-from titan_morph.config.links import break_window, link_model
+from titan_morph.config.links import break_window, configured_message_bytes, link_model, plan_transmit
 from titan_morph.integration.hybrid import HybridParallelDims, known_link_delays, make_exchange, pipeline_hosts
 from titan_morph.monitor.adapt import AdaptPolicy, Monitor
 from titan_morph.monitor.replan import adapted_plan, search_iterations
 from titan_morph.monitor.topology import PipelineCost
 from titan_morph.pipelining.baselines import zbv_memory
 from titan_morph.pipelining.builders import V_SCHEDULES, build
+from titan_morph.pipelining.links import LinkModel
 from titan_morph.pipelining.model import CostModel, Plan
 from titan_morph.pipelining.simulate import simulate
 from titan_morph.runtime.exchange import StepExchange
 from titan_morph.runtime.schedule import MorphSchedule
 from titan_morph.runtime.summary import summary_lines
-from titan_morph.runtime.testbed import DeviceClock, StageTimes, pad_stage_compute
+from titan_morph.runtime.testbed import DeviceClock, StageTimes, pad_stage_compute, pad_stage_messages
 
 __all__ = [
     "FAMILIES",
@@ -91,11 +94,41 @@ class ScheduleRequest:
     """TorchTitan's ParallelDims (``get_mesh("pp")``)."""
     stages: list[PipelineStage] | None = None
     """All of this rank's stages when it runs several (TorchTitan's loop or V split); None: [stage]."""
+    _links: tuple[LinkModel | None] | None = field(default=None, init=False, repr=False)
 
     @property
     def local_stages(self) -> list[PipelineStage]:
         """This rank's stages (one, or several for a multi-stage schedule)."""
         return list(self.stages) if self.stages else [self.stage]
+
+    def links(self) -> LinkModel | None:
+        """The ``[morph.inject]`` link model of this pipeline (None: nothing injected), built on the
+        first call: transports name traffic by the link between adjacent ranks (a V's two legs share
+        them); with ``rank_links`` the delays follow the hosts of this pipeline's ranks (a collective)."""
+        if self._links is None:
+            inject = self.settings.morph.inject
+            ranks = self.stage.group_size
+            hosts = pipeline_hosts(_group_of(self.stage)) if inject.rank_links else None
+            steps = self.settings.job.steps
+            self._links = (link_model(inject, ranks - 1, steps=steps, hosts=hosts, message_bytes=message_bytes(self)),)
+        return self._links[0]
+
+
+def message_bytes(req: ScheduleRequest) -> int | None:
+    """Bytes of one message between stages (a microbatch's activations, and their gradients):
+    ``[morph.synthetic] message_kb`` when set, else microbatch x seq_len x dim x the parameters'
+    element size of the model (TorchTitan's llama3 args: ``dim``, ``max_seq_len`` = the training
+    ``seq_len``); None for a model without those. Every rank computes the same value."""
+    fixed = configured_message_bytes(req.settings)
+    if fixed is not None:
+        return fixed
+    submod = req.stage.submod
+    args = getattr(submod, "model_args", None)
+    dim, seq = getattr(args, "dim", None), getattr(args, "max_seq_len", None)
+    if not (isinstance(dim, int) and isinstance(seq, int)):
+        return None
+    param = next((p for p in submod.parameters() if p.is_floating_point()), None)
+    return req.settings.job.microbatch_size * seq * dim * (4 if param is None else param.element_size())
 
 
 def cost_model(
@@ -136,11 +169,14 @@ def initial_plan(
     stages: int,
     n_microbatches: int,
     times: tuple[tuple[float, float, float], ...] | None = None,
+    transmit: tuple[float, ...] | None = None,
 ) -> Plan:
     """The plan a schedule starts with (same on every rank: a pure function of the config).
 
     PipeMorph (and PipeMorph-V, two stages per rank): Alg. 1 under ``memory_budget``; with
-    ``plan_delays_ms``, Alg. 2 for those delays, and with ``search`` the simulator-guided search
+    ``plan_delays_ms``, Alg. 2 for those delays (and the per-message ``transmit`` times of the
+    injected rates, :func:`~titan_morph.config.links.plan_transmit`: Eq. 1 with c + tau), and with
+    ``search`` the simulator-guided search
     (for the configured transport's link queue) on top, or with ``plan_delays_std_ms`` the plan with
     the lowest expected makespan over sampled delays. Without planned delays the search is not
     applied: every plan with no delay has the same makespan, and Alg. 1's maximal slackness is what
@@ -154,6 +190,8 @@ def initial_plan(
     delays = morph.plan_delays(model.num_links)
     if delays is not None:
         model = model.with_delays(delays)
+        if transmit is not None:
+            model = model.with_transmit(transmit)
     if not (morph.search and delays is not None):  # without known delays Alg. 1's max-min slackness stands
         return build(family, model)
     iterations = search_iterations(model, morph.search_iterations, morph.search_budget_ms)
@@ -213,11 +251,8 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
     settings = req.settings
     morph = settings.morph
     stage = req.stage
-    # Transports name traffic by the link between adjacent ranks (a V's two legs share them);
-    # with rank_links the delays follow the hosts of this pipeline's ranks.
     ranks = stage.group_size
-    hosts = pipeline_hosts(_group_of(stage)) if morph.inject.rank_links else None
-    links = link_model(morph.inject, ranks - 1, steps=settings.job.steps, hosts=hosts)
+    links = req.links()
     timeouts = settings.timeouts
     device = stage.device
     where: _Where = {"stage": stage.group_rank, "num_stages": ranks, "group": stage.group}
@@ -295,9 +330,12 @@ def prepare_stage(req: ScheduleRequest) -> DeviceClock | None:
     if times is None:
         return None
     clock = None
+    size = configured_message_bytes(req.settings)
     for stage in req.local_stages:
         f, b, w = times[stage.stage_index]
         clock = pad_stage_compute(stage, StageTimes(f, b, w), clock=clock)
+        if size is not None:
+            pad_stage_messages(stage, size)
     return clock
 
 
@@ -342,10 +380,17 @@ def pipeline_cost(family: str, morph: MorphSettings, plan: Plan) -> PipelineCost
     return cost
 
 
-def make_monitor(family: str, morph: MorphSettings, plan: Plan, stages: int, n_microbatches: int) -> Monitor:
+def make_monitor(
+    family: str,
+    morph: MorphSettings,
+    plan: Plan,
+    stages: int,
+    n_microbatches: int,
+    transmit: tuple[float, ...] | None = None,
+) -> Monitor:
     """The monitor of a titan_morph schedule (:func:`adapt_policy`): it measures every one. When the
     stage times are unknown, the initial plan is rebuilt from the times measured over the first
-    ``profile_steps`` steps."""
+    ``profile_steps`` steps (with the initial plan's ``transmit`` times)."""
     policy = adapt_policy(family, morph, stages, plan.model.memory)
     rule = morph.detect_rule()
     known = morph.stage_times(stages)
@@ -354,7 +399,7 @@ def make_monitor(family: str, morph: MorphSettings, plan: Plan, stages: int, n_m
 
         def planner(measured: CostModel) -> Plan:
             times = tuple(zip(measured.fwd, measured.bwd, measured.wgt))
-            return initial_plan(family, morph, stages, n_microbatches, times)
+            return initial_plan(family, morph, stages, n_microbatches, times, transmit)
 
     return Monitor(
         num_stages=stages,
@@ -441,7 +486,8 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
     def build_schedule(req: ScheduleRequest) -> _PipelineSchedule:
         morph = req.settings.morph
         stages = req.stage.num_stages
-        plan = initial_plan(family, morph, stages, req.n_microbatches)
+        transmit = plan_transmit(morph, req.links()) if req.stage.group_size > 1 else None
+        plan = initial_plan(family, morph, stages, req.n_microbatches, transmit=transmit)
         device_clock = prepare_stage(req)
         multi = req.stage.group_size > 1
         transport = monitor = None
@@ -451,7 +497,7 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
             clock = sync_clock(None if hybrid else req.stage.group)  # DP x PP: one clock for the world
             transport = make_transport(req, clock, monitored=morph.monitor) or TorchTransport(clock.epoch)
             if morph.monitor:
-                monitor = make_monitor(family, morph, plan, stages, req.n_microbatches)
+                monitor = make_monitor(family, morph, plan, stages, req.n_microbatches, transmit)
                 cost = pipeline_cost(family, morph, plan)
                 exchange = make_exchange(
                     req.settings,

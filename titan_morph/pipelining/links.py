@@ -15,6 +15,9 @@ Semantics (documented once, here):
   were accepted: transmission starts at ``max(t, end of the previous transmission)``, takes ``tau``,
   and the latency ``c`` follows; delivery = start + tau + c. ``tau = 0`` is the delay-only model
   above, bit for bit (:class:`StaticDelays` ``transmit=``, :class:`WithTransmit` for other models).
+  A rate instead of a time: :class:`Bandwidth` gives ``tau`` = message bytes x 8 / rate, from a
+  fixed message size per (link, direction) and a rate per link, which a model may vary itself
+  (:meth:`LinkModel.rate_mbit`: random re-draws, a trace's ``bandwidth_mbit`` column).
 * ``LinkQueue(depth=d)`` models the default (NCCL-like) transport: at most ``d`` messages are in
   flight (accepted, not yet delivered) per (link, direction); issuing a send while ``d`` are in
   flight blocks the caller until the oldest one is delivered. ``depth=None`` models a decoupled
@@ -63,6 +66,11 @@ class LinkModel:
     def transmit_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
         """Time the link needs to put one message on the wire (size / rate); 0 = delay-only model."""
         return 0.0
+
+    def rate_mbit(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float | None:
+        """The link's rate in Mbit/s where this model sets it (0 = unlimited); None = not set here
+        (:class:`Bandwidth` then uses its configured rate)."""
+        return None
 
     def snapshot(self, t_ms: float = 0.0, step: int = 0) -> tuple[float, ...]:
         """Per-link delay (max over directions) at one instant: what a planner would assume."""
@@ -131,6 +139,8 @@ class RandomDelays(LinkModel):
     """Paper §7.2 dynamic stragglers: each link's delay ~ N(mean, std) ms (clipped at 0),
     re-drawn at intervals ~ U(low, high) ms. Deterministic for a seed, so every rank and the
     simulator see the same delay at the same time. Both directions share the link's delay.
+    With ``rates = (low, high)`` Mbit/s a straggling link's rate ~ U(low, high) is re-drawn with
+    its delay (drawn after it, so the delays are those of the same seed without rates).
 
     Memory is bounded however long the run: each link keeps its last :attr:`KEEP` change points
     (the transports and the simulator ask about the last few seconds); an older time is answered by
@@ -145,8 +155,9 @@ class RandomDelays(LinkModel):
     interval: tuple[float, float]
     seed: int = 0
     links: tuple[int, ...] | None = None  # which links straggle; None = all
+    rates: tuple[float, float] | None = None  # Mbit/s U(low, high) of the straggling links; None = not set
     _change_times: list[list[float]] = field(default_factory=list, init=False, repr=False, compare=False)
-    _values: list[list[float]] = field(default_factory=list, init=False, repr=False, compare=False)
+    _values: list[list[tuple[float, float | None]]] = field(default_factory=list, init=False, repr=False, compare=False)
     _rngs: list[random.Random] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -155,27 +166,31 @@ class RandomDelays(LinkModel):
             raise ValueError(f"interval must satisfy 0 < low <= high ms, got {self.interval}")
         if self.mean < 0 or self.std < 0:
             raise ValueError(f"mean and std must be >= 0 ms, got mean={self.mean} std={self.std}")
+        if self.rates is not None and not (len(self.rates) == 2 and 0 < self.rates[0] <= self.rates[1] < math.inf):
+            raise ValueError(f"rates must be (low, high) Mbit/s with 0 < low <= high, got {self.rates}")
         active = set(range(self.num_links) if self.links is None else self.links)
         for link in active:
             if not 0 <= link < self.num_links:
                 raise ValueError(f"link {link} out of range 0..{self.num_links - 1}")
         self._rngs = [self._rng(link) for link in range(self.num_links)]
         self._change_times = [[0.0] for _ in range(self.num_links)]
-        self._values = [[self._draw(rng) if link in active else 0.0] for link, rng in enumerate(self._rngs)]
+        self._values = [[self._draw(rng) if link in active else (0.0, None)] for link, rng in enumerate(self._rngs)]
         self._active = active
 
     def _rng(self, link: int) -> random.Random:
         return random.Random(f"{self.seed}:{link}")
 
-    def _draw(self, rng: random.Random) -> float:
-        return max(0.0, rng.gauss(self.mean, self.std))
+    def _draw(self, rng: random.Random) -> tuple[float, float | None]:
+        """(delay, rate) of one change: the delay first, then the rate when rates are drawn."""
+        delay = max(0.0, rng.gauss(self.mean, self.std))
+        return delay, None if self.rates is None else rng.uniform(*self.rates)
 
-    def _next_change(self, rng: random.Random, at: float) -> tuple[float, float]:
-        """The change after the one at ``at``: its time and its delay (the one order of draws)."""
+    def _next_change(self, rng: random.Random, at: float) -> tuple[float, tuple[float, float | None]]:
+        """The change after the one at ``at``: its time and its values (the one order of draws)."""
         return at + rng.uniform(*self.interval), self._draw(rng)
 
-    def _replay(self, link: int, t_ms: float) -> float:
-        """The delay at ``t_ms`` from the link's seed: the same draws, in the same order, as the cache."""
+    def _replay(self, link: int, t_ms: float) -> tuple[float, float | None]:
+        """The values at ``t_ms`` from the link's seed: the same draws, in the same order, as the cache."""
         rng = self._rng(link)
         at, value = 0.0, self._draw(rng)
         while True:
@@ -184,10 +199,9 @@ class RandomDelays(LinkModel):
                 return value
             at, value = nxt, new
 
-    def delay_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
-        _check_direction(direction)
+    def _at(self, link: int, t_ms: float) -> tuple[float, float | None]:
         if link not in self._active:
-            return 0.0
+            return 0.0, None
         times, values, rng = self._change_times[link], self._values[link], self._rngs[link]
         if t_ms < times[0]:
             return self._replay(link, t_ms)
@@ -199,15 +213,25 @@ class RandomDelays(LinkModel):
             del times[: -self.KEEP], values[: -self.KEEP]
         return values[bisect.bisect_right(times, t_ms) - 1]
 
+    def delay_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
+        _check_direction(direction)
+        return self._at(link, t_ms)[0]
+
+    def rate_mbit(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float | None:
+        _check_direction(direction)
+        return self._at(link, t_ms)[1] if self.rates is not None else None
+
 
 @dataclass(frozen=True)
 class TraceEvent:
-    """From ``at`` (a step, or ms since the epoch) on, ``link`` has ``delay_ms`` in ``direction``."""
+    """From ``at`` (a step, or ms since the epoch) on, ``link`` has ``delay_ms`` in ``direction``,
+    and the rate ``bandwidth_mbit`` (0 = unlimited; None = the event does not set one)."""
 
     at: float
     link: int
     delay_ms: float
     direction: str = "both"
+    bandwidth_mbit: float | None = None
 
 
 @dataclass
@@ -215,7 +239,9 @@ class TraceDelays(LinkModel):
     """Trace replay (paper §7.5 / Table 3): piecewise-constant delays keyed by step or time.
 
     Each event sets the delay of its link from ``at`` until the next event on that link; before the
-    first event a link has no delay. ``key`` is ``"step"`` or ``"time_ms"``.
+    first event a link has no delay. Events with a ``bandwidth_mbit`` set the link's rate the same
+    way (:meth:`rate_mbit`; before the first of them the rate is not set here). ``key`` is
+    ``"step"`` or ``"time_ms"``.
     """
 
     num_links: int
@@ -226,30 +252,58 @@ class TraceDelays(LinkModel):
         if self.key not in ("step", "time_ms"):
             raise ValueError(f"trace key must be 'step' or 'time_ms', got {self.key!r}")
         self._series: dict[tuple[int, str], tuple[list[float], list[float]]] = {}
+        self._rates: dict[tuple[int, str], tuple[list[float], list[float]]] = {}
         for ev in sorted(self.events, key=lambda e: e.at):
             if not 0 <= ev.link < self.num_links:
                 raise ValueError(f"trace event link {ev.link} out of range 0..{self.num_links - 1}")
             if not ev.delay_ms >= 0:
                 raise ValueError(f"trace event delay must be >= 0 ms (inf = down), got {ev.delay_ms}")
+            rate = ev.bandwidth_mbit
+            if rate is not None and not (rate >= 0 and math.isfinite(rate)):
+                raise ValueError(f"trace event bandwidth_mbit must be finite and >= 0 (0 = unlimited), got {rate}")
             dirs = DIRECTIONS if ev.direction == "both" else (ev.direction,)
             for d in dirs:
                 _check_direction(d)
                 keys, vals = self._series.setdefault((ev.link, d), ([], []))
                 keys.append(float(ev.at))
                 vals.append(float(ev.delay_ms))
+                if rate is not None:
+                    keys, vals = self._rates.setdefault((ev.link, d), ([], []))
+                    keys.append(float(ev.at))
+                    vals.append(float(rate))
 
-    def delay_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
+    @property
+    def has_rates(self) -> bool:
+        """Whether any event sets a rate (a ``bandwidth_mbit`` column)."""
+        return bool(self._rates)
+
+    def _lookup(
+        self,
+        table: dict[tuple[int, str], tuple[list[float], list[float]]],
+        link: int,
+        direction: str,
+        t_ms: float,
+        step: int,
+    ) -> float | None:
         _check_direction(direction)
-        series = self._series.get((link, direction))
+        series = table.get((link, direction))
         if series is None:
-            return 0.0
+            return None
         keys, vals = series
         k = bisect.bisect_right(keys, step if self.key == "step" else t_ms) - 1
-        return vals[k] if k >= 0 else 0.0
+        return vals[k] if k >= 0 else None
+
+    def delay_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
+        value = self._lookup(self._series, link, direction, t_ms, step)
+        return 0.0 if value is None else value
+
+    def rate_mbit(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float | None:
+        return self._lookup(self._rates, link, direction, t_ms, step)
 
     @classmethod
     def from_csv(cls, path: str | Path, num_links: int) -> TraceDelays:
-        """Read ``step`` (or ``time_ms``), ``link``, ``delay_ms`` [, ``direction``] columns."""
+        """Read ``step`` (or ``time_ms``), ``link``, ``delay_ms`` [, ``direction``] [,
+        ``bandwidth_mbit``] columns; with the rate column, an empty cell or 0 = unlimited."""
         with open(path, newline="") as fh:
             rows = list(csv.DictReader(fh))
         if not rows:
@@ -258,17 +312,27 @@ class TraceDelays(LinkModel):
         key = "step" if "step" in cols else "time_ms" if "time_ms" in cols else None
         if key is None or not {"link", "delay_ms"} <= cols:
             raise ValueError(f"trace {path}: needs columns step|time_ms, link, delay_ms; got {sorted(cols)}")
+        rated = "bandwidth_mbit" in cols
         events = tuple(
-            TraceEvent(float(r[key]), int(r["link"]), float(r["delay_ms"]), r.get("direction") or "both") for r in rows
+            TraceEvent(
+                float(r[key]),
+                int(r["link"]),
+                float(r["delay_ms"]),
+                r.get("direction") or "both",
+                float(r["bandwidth_mbit"] or 0.0) if rated else None,
+            )
+            for r in rows
         )
         return cls(num_links, events, key)
 
     def to_csv(self, path: str | Path) -> None:
+        rated = any(ev.bandwidth_mbit is not None for ev in self.events)
         with open(path, "w", newline="") as fh:
             writer = csv.writer(fh)
-            writer.writerow([self.key, "link", "delay_ms", "direction"])
+            writer.writerow([self.key, "link", "delay_ms", "direction"] + (["bandwidth_mbit"] if rated else []))
             for ev in sorted(self.events, key=lambda e: (e.at, e.link)):
-                writer.writerow([ev.at, ev.link, ev.delay_ms, ev.direction])
+                rate = [] if not rated else ["" if ev.bandwidth_mbit is None else ev.bandwidth_mbit]
+                writer.writerow([ev.at, ev.link, ev.delay_ms, ev.direction, *rate])
 
 
 @dataclass
@@ -294,6 +358,50 @@ class WithTransmit(LinkModel):
         _check_direction(direction)
         tb = self.transmit if self.transmit_bwd is None else self.transmit_bwd
         return (self.transmit if direction == "fwd" else tb)[link]
+
+
+def transmit_ms_of(nbytes: float, mbit: float) -> float:
+    """Time to put ``nbytes`` on a wire of ``mbit`` Mbit/s, in ms (0 Mbit/s = unlimited: 0 ms)."""
+    return nbytes * 8.0 / (mbit * 1e3) if mbit > 0 else 0.0
+
+
+@dataclass
+class Bandwidth(LinkModel):
+    """Any delay model plus a rate per link: one message of ``message_bytes[link]`` = (fwd, bwd)
+    bytes takes bytes x 8 / rate to transmit. The rate is the base model's where it sets one
+    (:meth:`LinkModel.rate_mbit`: random re-draws, a trace column), else ``rates_mbit[link]``
+    (0 = unlimited). Time-varying rates vary the transmit time through the same ``LinkQueue``."""
+
+    base: LinkModel
+    rates_mbit: tuple[float, ...]
+    message_bytes: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:
+        self.num_links = self.base.num_links
+        self.rates_mbit = tuple(float(r) for r in self.rates_mbit)
+        self.message_bytes = tuple((int(f), int(b)) for f, b in self.message_bytes)
+        for name, values in (("rates_mbit", self.rates_mbit), ("message_bytes", self.message_bytes)):
+            if len(values) != self.num_links:
+                raise ValueError(f"{name} needs {self.num_links} values (one per link), got {len(values)}")
+        for r in self.rates_mbit:
+            if not (r >= 0 and math.isfinite(r)):
+                raise ValueError(f"rates must be finite and >= 0 Mbit/s (0 = unlimited), got {r}")
+        for pair in self.message_bytes:
+            if min(pair) < 0:
+                raise ValueError(f"message sizes must be >= 0 bytes, got {pair}")
+
+    def delay_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
+        return self.base.delay_ms(link, direction, t_ms, step)
+
+    def rate_mbit(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float | None:
+        rate = self.base.rate_mbit(link, direction, t_ms, step)
+        return self.rates_mbit[link] if rate is None else rate
+
+    def transmit_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
+        _check_direction(direction)
+        rate = self.rate_mbit(link, direction, t_ms, step)
+        size = self.message_bytes[link][0 if direction == "fwd" else 1]
+        return transmit_ms_of(size, rate or 0.0)
 
 
 @dataclass(frozen=True)

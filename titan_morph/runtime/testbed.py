@@ -208,3 +208,65 @@ def pad_stage_compute(
     stage.backward_weight_one_chunk = backward_weight_one_chunk
     stage._titan_morph_padded = times
     return clock
+
+
+def _message_ops() -> tuple[Any, Any]:
+    """The two autograd functions of :func:`pad_stage_messages` (torch imported on first use)."""
+    import torch
+
+    class PadMessage(torch.autograd.Function):
+        """``h`` -> (``h``, zeros(extra)): the padding carries nothing and returns no gradient."""
+
+        @staticmethod
+        def forward(ctx: Any, h: torch.Tensor, extra: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return h.clone(), h.new_zeros(extra)
+
+        @staticmethod
+        def backward(ctx: Any, grad_h: torch.Tensor, grad_pad: torch.Tensor) -> tuple[torch.Tensor, None]:
+            return grad_h, None
+
+    class DropPad(torch.autograd.Function):
+        """(``h``, padding) -> ``h``; the padding's gradient is zeros, sent back like any other."""
+
+        @staticmethod
+        def forward(ctx: Any, h: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+            ctx.pad_numel = pad.numel()
+            return h.clone()
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return grad, grad.new_zeros(ctx.pad_numel)
+
+    return PadMessage, DropPad
+
+
+def pad_stage_messages(stage: Any, message_bytes: int, key: str = "morph.synthetic.message_kb") -> None:
+    """Make every message this stage sends (activations; their gradients come back the same size)
+    ``message_bytes`` long: the output is sent with a zero padding tensor beside it, which the next
+    stage drops. Values and gradients are unchanged, only the bytes on the link grow, so a testbed's
+    link load is set independently of its model width (bandwidth studies)."""
+    if getattr(stage, "_titan_morph_message_bytes", None) is not None:
+        raise RuntimeError(f"stage {stage.stage_index}'s messages are already padded")
+    pad, drop = _message_ops()
+    submod = stage.submod
+    forward = submod.forward
+    first, last = stage.is_first, stage.is_last
+
+    def padded_forward(*args: Any, **kwargs: Any) -> Any:
+        if not first and len(args) == 2:  # (activations, padding) from the previous stage
+            args = (drop.apply(args[0], args[1]),)
+        out = forward(*args, **kwargs)
+        if last:
+            return out
+        extra = message_bytes - out.nbytes
+        if extra < 0 or extra % out.element_size():
+            raise ValueError(
+                f"{key}: {message_bytes / 1024:g} KiB per message, but stage {stage.stage_index} sends "
+                f"{out.nbytes / 1024:g} KiB of activations ({tuple(out.shape)} {out.dtype}): use 0 or a size >= that,"
+                f" in whole {out.element_size()}-byte values"
+            )
+        return pad.apply(out, extra // out.element_size()) if extra else out
+
+    # on this module instance only: torch's stage calls submod(...), which runs its forward
+    submod.forward = padded_forward
+    stage._titan_morph_message_bytes = message_bytes
