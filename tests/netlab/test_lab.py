@@ -126,3 +126,34 @@ def test_the_command_line_shapes_breaks_and_reports(lab3: Lab):
     assert cli("heal").returncode == 0 and cli("unshape", "--from", "0", "--to", "2", "--nic", "host").returncode == 0
     assert "limits: none" in cli("status").stdout
     assert cli("down").returncode == 0 and lab_namespaces(PREFIX) == []
+
+
+def test_a_second_host_nic_has_its_own_bridge_and_breaks_alone(namespaces_ok: None):
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "titan_morph.netlab", args[0], "--prefix", PREFIX, *args[1:]]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+    try:
+        up = cli("up", "--nodes", "2", "--host-nics", "2")
+        assert up.returncode == 0, up.stderr
+        lab = Lab.existing(PREFIX)
+        assert lab.host_nics == 2 and lab.nics == ("data", "host", "host2")
+        for i in range(2):
+            assert f"{lab.address(i, 'host2')}/24" in ip("-br", "addr", "show", "host2", netns=lab.node(i))
+        assert lab.address(1, "host2") == "198.18.3.11" and "198.18.3.11/24" in cli("status").stdout
+        assert f"{PREFIX}-host2" in ip("-br", "link", "show", "type", "bridge", netns=lab.switch)
+        assert cli("break", "--nodes", "0,1", "--nic", "host2").returncode == 0
+        assert set(breaks(lab)) == {Break(0, 1, "host2"), Break(1, 0, "host2")}
+        with pytest.raises(TransferError):
+            measure(lab, 0, 1, "host2", 2**16, timeout_s=3)
+        assert measure(lab, 0, 1, "host", 2**16) < 2  # the first host NIC is another path
+        assert cli("heal", "--nic", "host2").returncode == 0 and breaks(lab) == []
+        assert measure(lab, 1, 0, "host2", 2**16) < 2
+        cli("down")
+        assert cli("up", "--nodes", "2").returncode == 0 and Lab.existing(PREFIX).nics == ("data", "host")
+        bad = cli("break", "--nodes", "0,1", "--nic", "host2")  # this lab has no host2
+        assert bad.returncode == 2 and bad.stderr.startswith("error: nic 'host2'") and len(bad.stderr.splitlines()) == 1
+        assert cli("up", "--nodes", "2", "--host-nics", "3").returncode == 2
+    finally:
+        down(PREFIX)
+    assert lab_namespaces(PREFIX) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -16,7 +17,8 @@ import pytest
 
 from tests.netlab.conftest import PREFIX
 from titan_morph.comm.system import segments_in_use, shm_segments
-from titan_morph.netlab.lab import lab_namespaces
+from titan_morph.netlab.lab import Lab, lab_namespaces
+from titan_morph.netlab.run import NIC_BYTES_FILE, with_lab_nics
 
 pytestmark = pytest.mark.netlab
 
@@ -50,11 +52,28 @@ def _nothing_left(dump: Path, segments_before: set[str], no_leftovers: Callable[
     assert not stale
 
 
+# what stage 1 (node 0) sends stage 2 (node 1) in 3 steps: 8 microbatches of 128 x 256 fp32 activations
+CROSS_NODE_BYTES = 3 * 8 * 128 * 256 * 4
+
+
+@pytest.mark.parametrize(
+    ("transport", "pipeline_nic", "other_nic"),
+    [
+        ("auto", "data", "host"),  # the per-link groups: [morph] data_ifname = "data"
+        pytest.param("delegate", "host", "data", marks=pytest.mark.slow),  # the delegates: host_ifnames = "host"
+    ],
+)
 def test_two_nodes_of_two_ranks_train_with_the_losses_of_one_node(
-    namespaces_ok: None, tmp_path: Path, no_leftovers: Callable[[Path], None]
+    namespaces_ok: None,
+    tmp_path: Path,
+    no_leftovers: Callable[[Path], None],
+    transport: str,
+    pipeline_nic: str,
+    other_nic: str,
 ):
     dump, before = tmp_path / "run", shm_segments()
-    proc = _netlab_run(dump, "--nodes", "2", "--ranks-per-node", "2", "--", "--training.steps", "3")
+    args = ["--training.steps", "3", "--morph.transport", transport]
+    proc = _netlab_run(dump, "--nodes", "2", "--ranks-per-node", "2", "--", *args)
     try:
         out, _ = proc.communicate(timeout=240)
     finally:
@@ -66,7 +85,23 @@ def test_two_nodes_of_two_ranks_train_with_the_losses_of_one_node(
     assert [losses.get(step) for step in (1, 2, 3)] == ONE_NODE_LOSSES, out[-3000:]
     assert {p.name for p in (dump / "netlab").iterdir()} >= {"node0.log", "node1.log", "node0", "node1"}
     assert LOSS_RE.search((dump / "netlab" / "node1.log").read_text())  # the shown node's log keeps the loss
+    # the pipeline's traffic between the nodes went over its own NIC; the other carried a small part
+    sent = {nic: n["tx"] for nic, n in json.loads((dump / "netlab" / NIC_BYTES_FILE).read_text())["node0"].items()}
+    assert sent[pipeline_nic] >= CROSS_NODE_BYTES and sent[other_nic] < CROSS_NODE_BYTES / 3, sent
     _nothing_left(dump, before, no_leftovers)
+
+
+def test_lab_nic_options_come_first_and_the_users_own_win():
+    two = Lab(2, PREFIX, host_nics=2)
+    assert with_lab_nics(["--training.steps", "3"], Lab(2, PREFIX)) == [
+        "--morph.data_ifname", "data", "--morph.host_ifnames", "host", "--training.steps", "3"
+    ]  # fmt: skip
+    assert with_lab_nics(["--morph.data-ifname=eth9"], two) == [
+        "--morph.host_ifnames", "host,host2", "--morph.data-ifname=eth9"
+    ]  # fmt: skip
+    assert with_lab_nics(["--morph.host_ifnames", ""], two) == [
+        "--morph.data_ifname", "data", "--morph.host_ifnames", ""
+    ]  # fmt: skip
 
 
 def test_a_bad_configuration_is_one_line_before_any_namespace(namespaces_ok: None, tmp_path: Path):

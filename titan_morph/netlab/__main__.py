@@ -1,6 +1,6 @@
 """``python -m titan_morph.netlab COMMAND``: a small cluster of network namespaces on this machine.
 
-  up --nodes K                          K nodes (2..8), each with NICs data and host
+  up --nodes K [--host-nics 2]          K nodes (2..8), each with NICs data and host (and host2)
   down                                  remove the lab (namespaces, links, bridges, processes)
   status                                nodes, addresses, limits and broken paths
   shape --from A --to B --nic NIC --rate-mbit R [--burst-kb B]   limit A -> B (0 removes it)
@@ -10,7 +10,8 @@
   schedule FILE                         apply a schedule (CSV time_s,from,to,nic,rate_mbit) now
   measure --from A --to B --nic NIC [--mbytes M]   time a TCP transfer A -> B
   run --nodes K --ranks-per-node R [--shape A-B:NIC:RATE]... [--schedule FILE] [--store-nic NIC]
-      [--timeout-s S] -- TRAIN ARGS     ./run_train.sh across the nodes (CONFIG_FILE as there)
+      [--host-nics 2] [--timeout-s S] -- TRAIN ARGS   ./run_train.sh across the nodes (CONFIG_FILE
+      as there; the pipeline's default path on data, delegates, exchange and store on host)
 
 Every command takes --prefix P (default tmlab), the name every lab object starts with. Errors are
 one line ``error: ...`` and exit code 2; ``run`` exits with the job's code.
@@ -21,7 +22,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from titan_morph.netlab.lab import DEFAULT_PREFIX, MAX_NODES, NICS, Lab, LabError, can_make_namespaces, down
+from titan_morph.netlab.lab import (
+    DEFAULT_PREFIX,
+    MAX_HOST_NICS,
+    MAX_NODES,
+    NICS,
+    Lab,
+    LabError,
+    can_make_namespaces,
+    down,
+)
 from titan_morph.netlab.schedule import Controller, node_index, read_schedule
 from titan_morph.netlab.shape import break_path, breaks, heal, shape, shapes, unshape
 
@@ -42,7 +52,10 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("--to", dest="dst", required=True, help="receiving node")
         c.add_argument("--nic", choices=NICS, required=True)
 
-    command("up", "make the lab").add_argument("--nodes", type=int, required=True)
+    c = command("up", "make the lab")
+    c.add_argument("--nodes", type=int, required=True)
+    host_nics = "host NICs per node: 1 (host) or 2 (host, host2)"
+    c.add_argument("--host-nics", type=int, default=1, help=host_nics)
     command("down", "remove the lab")
     command("status", "show the lab")
     c = command("shape", "limit traffic from one node to another")
@@ -67,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--shape", action="append", default=[], help="A-B:NIC:RATE, limit from the start")
     c.add_argument("--schedule", help="CSV time_s,from,to,nic,rate_mbit (times from the job's start)")
     c.add_argument("--timeout-s", type=float, default=6 * 3600.0, help="stop the job after this long")
-    c.add_argument("--store-nic", choices=NICS, default="data", help="NIC of the rendezvous and c10d store")
+    c.add_argument("--store-nic", choices=NICS, default="host", help="NIC of the rendezvous and c10d store")
+    c.add_argument("--host-nics", type=int, default=1, help=host_nics)
     c.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then ./run_train.sh arguments")
     return p
 
@@ -82,7 +96,7 @@ def _pair(text: str) -> tuple[int, int]:
 def _status(lab: Lab) -> None:
     print(f"lab {lab.prefix}: {lab.nodes} nodes (switch namespace {lab.switch})")
     for i in range(lab.nodes):
-        addrs = "  ".join(f"{nic} {lab.address(i, nic)}/24" for nic in NICS)
+        addrs = "  ".join(f"{nic} {lab.address(i, nic)}/24" for nic in lab.nics)
         print(f"  node {i}  {lab.node(i)}  {addrs}")
     limits = shapes(lab)
     print("limits:" + ("" if limits else " none"))
@@ -102,7 +116,9 @@ def _main(args: argparse.Namespace) -> int:
     if args.command == "up":
         if not 2 <= args.nodes <= MAX_NODES:
             raise LabError(f"--nodes {args.nodes}: 2..{MAX_NODES}")
-        lab = Lab(args.nodes, args.prefix)
+        if not 1 <= args.host_nics <= MAX_HOST_NICS:
+            raise LabError(f"--host-nics {args.host_nics}: 1..{MAX_HOST_NICS}")
+        lab = Lab(args.nodes, args.prefix, args.host_nics)
         lab.up()
         _status(lab)
         return 0
@@ -123,6 +139,7 @@ def _main(args: argparse.Namespace) -> int:
             prefix=args.prefix,
             timeout_s=args.timeout_s,
             store_nic=args.store_nic,
+            host_nics=args.host_nics,
         )
         return run(opts)
     lab = Lab.existing(args.prefix)

@@ -1,13 +1,16 @@
-"""A lab: K network namespaces as nodes on one machine, each with the same two NICs.
+"""A lab: K network namespaces as nodes on one machine, each with the same NICs.
 
 Layout (every object is named with the lab's prefix, ``tmlab`` by default):
 
-* ``PREFIX-sw``: a namespace holding the two bridges ``PREFIX-data`` and ``PREFIX-host`` and the
-  switch end of every veth (``PREFIX-nI-data``, ``PREFIX-nI-host``). Nothing is made in the root
-  namespace, so deleting the lab's namespaces removes every link and bridge with them.
-* ``PREFIX-nI`` (I = 0..K-1): a node with loopback up and two NICs named alike on every node:
-  ``data`` (198.18.1.(10+I)/24, the pipeline's default path) and ``host`` (198.18.2.(10+I)/24,
-  delegates and control plane). Addresses come from 198.18.0.0/15 (benchmarking range) only.
+* ``PREFIX-sw``: a namespace holding one bridge per NIC (``PREFIX-data``, ``PREFIX-host``...) and
+  the switch end of every veth (``PREFIX-nI-data``, ``PREFIX-nI-host``, ``PREFIX-nI-hst2``).
+  Nothing is made in the root namespace, so deleting the lab's namespaces removes every link and
+  bridge with them.
+* ``PREFIX-nI`` (I = 0..K-1): a node with loopback up and NICs named alike on every node:
+  ``data`` (198.18.1.(10+I)/24, the pipeline's default path), ``host`` (198.18.2.(10+I)/24,
+  delegates and control plane) and, with ``host_nics = 2``, ``host2`` (198.18.3.(10+I)/24, a
+  second host NIC on its own bridge, for the delegates' failover across host NICs, paper §5.3).
+  Addresses come from 198.18.0.0/15 (benchmarking range) only.
 """
 
 from __future__ import annotations
@@ -34,8 +37,11 @@ __all__ = [
 ]
 
 DEFAULT_PREFIX = "tmlab"
-NICS = ("data", "host")
-SUBNETS = {"data": "198.18.1.0/24", "host": "198.18.2.0/24"}
+NICS = ("data", "host", "host2")
+"""Every NIC a lab node can have (``host2`` only in a lab made with ``host_nics = 2``)."""
+SUBNETS = {"data": "198.18.1.0/24", "host": "198.18.2.0/24", "host2": "198.18.3.0/24"}
+_PORT = {"data": "data", "host": "host", "host2": "hst2"}  # switch-side veth suffix (15-character names)
+MAX_HOST_NICS = 2
 LAB_RANGE = ipaddress.ip_network("198.18.0.0/15")
 MAX_NODES = 8
 COMMAND_TIMEOUT_S = 20.0
@@ -118,16 +124,20 @@ def kill_namespace_processes(namespaces: list[str], grace_s: float = STOP_GRACE_
 
 @dataclass(frozen=True)
 class Lab:
-    """The names and addresses of a lab of ``nodes`` nodes; :meth:`up` makes it, :meth:`down` removes it."""
+    """The names and addresses of a lab of ``nodes`` nodes with ``host_nics`` host NICs each
+    (``host``, then ``host2``); :meth:`up` makes it, :meth:`down` removes it."""
 
     nodes: int
     prefix: str = DEFAULT_PREFIX
+    host_nics: int = 1
 
     def __post_init__(self) -> None:
         if not _PREFIX_RE.fullmatch(self.prefix):
             raise LabError(f"prefix {self.prefix!r}: 1-7 lowercase letters or digits, starting with a letter")
         if not 1 <= self.nodes <= MAX_NODES:
             raise LabError(f"nodes: {self.nodes} is not in 1..{MAX_NODES}")
+        if not 1 <= self.host_nics <= MAX_HOST_NICS:
+            raise LabError(f"host-nics: {self.host_nics} is not in 1..{MAX_HOST_NICS}")
 
     @classmethod
     def existing(cls, prefix: str = DEFAULT_PREFIX) -> Lab:
@@ -135,7 +145,14 @@ class Lab:
         nodes = [n for n in lab_namespaces(prefix) if not n.endswith("-sw")]
         if not nodes:
             raise LabError(f"no lab {prefix!r} is up (python -m titan_morph.netlab up --nodes K)")
-        return cls(len(nodes), prefix)
+        bridges = ip("-o", "link", "show", "type", "bridge", netns=f"{prefix}-sw", check=False)
+        host_nics = 2 if f" {prefix}-host2:" in bridges or f" {prefix}-host2@" in bridges else 1
+        return cls(len(nodes), prefix, host_nics)
+
+    @property
+    def nics(self) -> tuple[str, ...]:
+        """This lab's NICs, on every node."""
+        return NICS[: 1 + self.host_nics]
 
     @property
     def switch(self) -> str:
@@ -152,8 +169,8 @@ class Lab:
 
     def address(self, i: int, nic: str) -> str:
         """Node ``i``'s address on ``nic`` (no prefix length)."""
-        if nic not in SUBNETS:
-            raise LabError(f"nic {nic!r}: one of {', '.join(NICS)}")
+        if nic not in self.nics:
+            raise LabError(f"nic {nic!r}: one of {', '.join(self.nics)} in this lab")
         self.check_node(i)
         addr = ipaddress.ip_network(SUBNETS[nic])[10 + i]
         assert addr in LAB_RANGE
@@ -161,7 +178,7 @@ class Lab:
 
     def node_of(self, address: str) -> tuple[int, str] | None:
         """(node, nic) of a lab address, None for another address."""
-        for nic in NICS:
+        for nic in self.nics:
             for i in range(self.nodes):
                 if self.address(i, nic) == address:
                     return i, nic
@@ -179,12 +196,12 @@ class Lab:
                 ip("netns", "add", ns)
                 ip("link", "set", "lo", "up", netns=ns)
                 _quiet_ipv6(ns)
-            for nic in NICS:
+            for nic in self.nics:
                 bridge = f"{self.prefix}-{nic}"
                 ip("link", "add", bridge, "type", "bridge", netns=self.switch)
                 ip("link", "set", bridge, "up", netns=self.switch)
                 for i in range(self.nodes):
-                    port = f"{self.prefix}-n{i}-{nic}"
+                    port = f"{self.prefix}-n{i}-{_PORT[nic]}"
                     node = self.node(i)
                     ip("link", "add", port, "type", "veth", "peer", "name", nic, "netns", node, netns=self.switch)
                     ip("link", "set", port, "master", bridge, netns=self.switch)

@@ -2,11 +2,17 @@
 
 Order of work: the configuration check of ``./run_train.sh`` (for nodes x ranks-per-node ranks;
 a bad value is one line and exit code 2, before any namespace exists), the lab, its initial
-limits, then one torchrun agent per node inside its namespace (static rendezvous on node 0's
-``data`` address, or ``host`` with ``store_nic``; gloo, and so every process group, bound to
-``data``), all under ``titan_morph.launch supervise``, with one
-run id and so one run folder. The console shows the rank that logs the loss, as
-``./run_train.sh`` does; every node's output and per-rank logs go to ``RUN_FOLDER/netlab/``.
+limits, then one torchrun agent per node inside its namespace, all under ``titan_morph.launch
+supervise``, with one run id and so one run folder.
+
+Which traffic uses which NIC: the rendezvous and the job's c10d store (``MASTER_ADDR``) are on
+node 0's ``host`` address (``store_nic``); the job runs with ``--morph.data_ifname data
+--morph.host_ifnames host`` (every host NIC of the lab, in order) unless its own arguments name
+them, so the per-link groups use ``data`` and the delegates, their store and the per-step
+exchange use ``host``; torch's own groups (``GLOO_SOCKET_IFNAME``) stay on ``data``.
+
+The console shows the rank that logs the loss, as ``./run_train.sh`` does; every node's output
+and per-rank logs go to ``RUN_FOLDER/netlab/``.
 
 A failing node stops the others; Ctrl-C stops the job (twice: at once). Afterwards nothing is
 left: every process in the lab's namespaces is stopped, the lab is removed, and the
@@ -31,14 +37,26 @@ from typing import IO
 
 from titan_morph.comm.system import SHM_DIR, die_with_parent, segments_in_use, shm_segments
 from titan_morph.integration.supervisor import TRAIN_MODULE
-from titan_morph.netlab.lab import NICS, Lab, LabError, kill_namespace_processes
+from titan_morph.netlab.lab import NICS, Lab, LabError, ip, kill_namespace_processes
 from titan_morph.netlab.schedule import Controller, Event, apply, check_events, node_index
 
-__all__ = ["DEFAULT_CONFIG", "MASTER_PORT", "RunOptions", "parse_shape_spec", "resolve_config", "run"]
+__all__ = [
+    "DEFAULT_CONFIG",
+    "MASTER_PORT",
+    "NIC_BYTES_FILE",
+    "RunOptions",
+    "nic_bytes",
+    "parse_shape_spec",
+    "resolve_config",
+    "run",
+    "with_lab_nics",
+]
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = "train_configs/debug_cpu.toml"
 MASTER_PORT = 29500
+NIC_BYTES_FILE = "nic_bytes.json"
+"""In ``RUN_FOLDER/netlab/``: every node's bytes sent and received per NIC over the job."""
 EXIT_BAD_CONFIG = 2
 STOP_GRACE_S = 30.0
 """Seconds the other nodes get to stop (torchrun stops its ranks in order) before SIGKILL."""
@@ -55,8 +73,10 @@ class RunOptions:
     schedule: list[Event] = field(default_factory=list)
     prefix: str = "tmlab"
     timeout_s: float = 6 * 3600.0
-    store_nic: str = "data"
+    store_nic: str = "host"
     """The NIC of node 0 that serves the rendezvous and the job's c10d store (``MASTER_ADDR``)."""
+    host_nics: int = 1
+    """Host NICs per node (2: ``host2`` as well, for failover across host NICs)."""
     python: str = sys.executable
 
 
@@ -70,6 +90,14 @@ def parse_shape_spec(spec: str) -> Event:
         return Event(0.0, node_index(a), node_index(b), nic, float(rate))
     except (ValueError, LabError):
         raise LabError(f"--shape {spec!r}: expected A-B:NIC:RATE, e.g. 0-1:data:100 (NIC one of {NICS})") from None
+
+
+def with_lab_nics(train_args: list[str], lab: Lab) -> list[str]:
+    """``train_args`` behind the lab's NIC options (``[morph] data_ifname = "data"``,
+    ``host_ifnames`` = the lab's host NICs), each left out when ``train_args`` names it itself."""
+    given = {a[2:].split("=", 1)[0].replace("-", "_") for a in train_args if a.startswith("--")}
+    defaults = {"morph.data_ifname": "data", "morph.host_ifnames": ",".join(lab.nics[1:])}
+    return [word for key, value in defaults.items() if key not in given for word in (f"--{key}", value)] + train_args
 
 
 def resolve_config(env: dict[str, str] | None = None) -> str:
@@ -86,7 +114,8 @@ def resolve_config(env: dict[str, str] | None = None) -> str:
 def _job_info(opts: RunOptions, config_file: str) -> dict[str, object] | str:
     """The job's config check (``titan_morph.netlab.jobinfo``): its JSON, or its error line."""
     ranks = opts.nodes * opts.ranks_per_node
-    cmd = [opts.python, "-m", "titan_morph.netlab.jobinfo", str(ranks), config_file, *opts.train_args]
+    train_args = with_lab_nics(opts.train_args, Lab(opts.nodes, opts.prefix, opts.host_nics))
+    cmd = [opts.python, "-m", "titan_morph.netlab.jobinfo", str(ranks), config_file, *train_args]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=JOBINFO_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -113,6 +142,31 @@ def _agent_command(opts: RunOptions, lab: Lab, i: int, info: dict[str, object], 
         *(shown if i == loss_rank // opts.ranks_per_node else []),
         "-m", TRAIN_MODULE, "--job.config_file", str(info["config_file"]), *overrides,
     ]  # fmt: skip
+
+
+def nic_bytes(lab: Lab) -> dict[str, dict[str, dict[str, int]]]:
+    """Bytes each node's NICs sent and received so far (``{"node0": {"data": {"tx": .., "rx": ..}}}``;
+    the counters start at 0 when the lab is made)."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for i in range(lab.nodes):
+        words = ip("netns", "exec", lab.node(i), "cat", *(
+            f"/sys/class/net/{nic}/statistics/{way}_bytes" for nic in lab.nics for way in ("tx", "rx")
+        )).split()  # fmt: skip
+        counts = iter(int(w) for w in words)
+        out[f"node{i}"] = {nic: {"tx": next(counts), "rx": next(counts)} for nic in lab.nics}
+    return out
+
+
+def _save_nic_bytes(lab: Lab, path: Path) -> None:
+    """Which NIC carried how much of the job: saved next to the node logs and summed up on stderr."""
+    try:
+        counts = nic_bytes(lab)
+    except (LabError, ValueError, StopIteration) as err:
+        _say(f"NIC byte counters not read: {err}")
+        return
+    path.write_text(json.dumps(counts, indent=1) + "\n")
+    sent = {nic: sum(node[nic]["tx"] for node in counts.values()) for nic in lab.nics}
+    _say("bytes sent per NIC, all nodes: " + ", ".join(f"{nic} {n / 2**20:.1f} MiB" for nic, n in sent.items()))
 
 
 def _pump(src: IO[bytes], copies: list[IO[bytes]]) -> None:
@@ -170,11 +224,11 @@ def run(opts: RunOptions) -> int:
     """Run the job on a fresh lab (see the module docstring); returns the job's exit code."""
     if opts.nodes < 2:
         raise LabError(f"nodes: {opts.nodes}: a lab job needs 2..8 nodes")
-    if opts.store_nic not in NICS:
-        raise LabError(f"store-nic {opts.store_nic!r}: one of {', '.join(NICS)}")
     if opts.ranks_per_node < 1:
         raise LabError(f"ranks-per-node: {opts.ranks_per_node}: at least 1")
-    lab = Lab(opts.nodes, opts.prefix)
+    lab = Lab(opts.nodes, opts.prefix, opts.host_nics)
+    if opts.store_nic not in lab.nics:
+        raise LabError(f"store-nic {opts.store_nic!r}: one of {', '.join(lab.nics)}")
     check_events(lab, [*opts.shapes, *opts.schedule])
     config_file = resolve_config()
     info = _job_info(opts, config_file)
@@ -225,6 +279,7 @@ def run(opts: RunOptions) -> int:
             if opts.schedule:
                 controller = Controller(lab, opts.schedule).start()
             code = _wait(opts, lab, agents, signals, logs)
+            _save_nic_bytes(lab, logs / NIC_BYTES_FILE)
         if pump is not None:
             pump.join(10.0)
         return code
