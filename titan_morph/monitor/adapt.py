@@ -1,11 +1,13 @@
 """Live adaptation's decisions (paper §6): from the stages' exchanged step profiles to a plan change.
 
 The runtime exchanges one profile row per stage after every step and hands every rank the same
-list; :meth:`Monitor.observe` turns it into per-link delays (:mod:`.delays`), runs the Eq. 1
-detector with hysteresis (:mod:`.detect`) and, on a decision, builds the new plan (Alg. 2 + the
-search, :mod:`.replan`). Everything is a pure function of the exchanged data, so every rank reaches
-the same :class:`Change`; the runtime installs it at the iteration boundary (and, with
-``[morph] transport = "auto"``, moves the slow links to the delegates).
+list; :meth:`Monitor.observe` turns it into per-link delays, latencies and transmit times
+(:mod:`.delays`, :mod:`.bandwidth`), runs the detector with hysteresis (:mod:`.detect`: Eq. 1,
+and the wire's pace) and, on a decision, builds the new plan for the measured latencies and
+transmit times (Alg. 2 + the search under the bandwidth model, :mod:`.replan`). Everything is a
+pure function of the exchanged data, so every rank reaches the same :class:`Change`; the runtime
+installs it at the iteration boundary (and, with ``[morph] transport = "auto"``, moves the slow
+links to the delegates).
 
 Before the first decision, when the stage times were not configured, the initial plan is rebuilt
 from the times measured over the first ``profile_steps`` steps (``[morph] profile_steps``).
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from titan_morph.monitor.delays import LinkEstimate, estimate_links, quantile
 from titan_morph.monitor.detect import Decision, Detector, DetectRule
 from titan_morph.monitor.profile import StepProfile
-from titan_morph.monitor.replan import MeasuredTimes, adapted_plan, search_iterations
+from titan_morph.monitor.replan import MeasuredTimes, adapted_plan, search_iterations, wire_capacity_ms
 from titan_morph.pipelining.model import CostModel, Plan
 from titan_morph.pipelining.slackness import tolerance_ms
 
@@ -54,19 +56,24 @@ class Change:
     step: int
     plan: Plan
     reasons: tuple[str, ...]
-    delays_ms: tuple[float, ...]  # per link: the delay the plan is made for (0 = healthy)
+    delays_ms: tuple[float, ...]  # per link: the latency the plan is made for (0 = healthy)
     switch: tuple[int, ...] = ()  # links to move to the delegated path
     restore: tuple[int, ...] = ()  # links to move back to the default path
     replan_ms: float = 0.0
     decision: Decision | None = None  # None: the profiled initial plan
+    transmit_ms: tuple[float, ...] = ()  # per link: the transmit time per message it is made for (() = none)
 
     def describe(self, active: Plan, times: Sequence[Sequence[float]], delegated: Sequence[int]) -> str:
         """The log line of this change once installed (``active``: the plan now running)."""
         return (
             f"step {self.step}: {'; '.join(self.reasons)} -> plan {active.plan_id} x={list(active.warmup)} "
-            f"(planned delays {[round(d, 1) for d in self.delays_ms]} ms, measured F,B,W {[list(t) for t in times]} "
+            f"(planned delays {[round(d, 1) for d in self.delays_ms]} ms{self._transmit()}, "
+            f"measured F,B,W {[list(t) for t in times]} "
             f"ms, {self.replan_ms:.0f} ms to plan), delegated links {list(delegated)}"
         )
+
+    def _transmit(self) -> str:
+        return f" + transmit {[round(t, 2) for t in self.transmit_ms]} ms" if any(self.transmit_ms) else ""
 
 
 class Monitor:
@@ -120,7 +127,9 @@ class Monitor:
         self.step, self.profiles = step, profiles
         self.times.add(profiles)
         self.estimates = estimate_links(profiles, self.ranks)
-        decision = self.detector.update(step, self.estimates, *self.tolerances(active, self.initial_plan))
+        capacity = wire_capacity_ms(self.times.model(self.microbatches))
+        tolerance, initial = self.tolerances(active, self.initial_plan)
+        decision = self.detector.update(step, self.estimates, tolerance, initial, capacity)
         change = None
         if decision is not None and self.policy.enabled:
             change = self._adapt(decision)
@@ -166,7 +175,7 @@ class Monitor:
         if decision.all_healthy:
             plan = self.initial_plan
         else:
-            model = self.times.model(self.microbatches, decision.delays_ms, policy.memory)
+            model = self.times.model(self.microbatches, decision.delays_ms, policy.memory, decision.transmit_ms)
             plan = adapted_plan(
                 model,
                 search=policy.search,
@@ -184,12 +193,14 @@ class Monitor:
             restore=decision.recovered if moving else (),
             replan_ms=(time.monotonic() - t0) * 1e3,
             decision=decision,
+            transmit_ms=decision.transmit_ms,
         )
 
     def delay_samples(self, decision: Decision) -> list[tuple[float, ...]] | None:
-        """``policy.samples`` per-link delay vectors from the slow links' recent measurements, when
+        """``policy.samples`` per-link latency vectors from the slow links' recent measurements, when
         one of them varies from step to step (spread above the detector's rounding quantum); None:
-        plan for the one vector ``decision.delays_ms``.
+        plan for the one vector ``decision.delays_ms``. A link planned with a transmit time has it
+        taken off its samples (they measure latency + transmit).
 
         Vector j holds, for each slow link, the ((j + 0.5) / K)-quantile of its recent samples, the
         links' quantiles paired by a fixed shuffle per link (the same on every rank), so the vectors
@@ -206,7 +217,8 @@ class Monitor:
             if not window:
                 columns.append([decision.delays_ms[link]] * k)
                 continue
-            values = [quantile(window, (j + 0.5) / k) for j in range(k)]
+            tau = decision.transmit_ms[link] if decision.transmit_ms else 0.0
+            values = [max(0.0, quantile(window, (j + 0.5) / k) - tau) for j in range(k)]
             random.Random(link).shuffle(values)
             columns.append(values)
         return [tuple(col[j] for col in columns) for j in range(k)]
@@ -217,9 +229,16 @@ class Monitor:
         for link, state in enumerate(self.detector.links):
             out[f"morph/straggling/link{link}"] = float(state.slow)
             out[f"morph/planned_delay_ms/link{link}"] = state.planned_ms
+            out[f"morph/planned_transmit_ms/link{link}"] = state.planned_transmit_ms
             out[f"morph/delegated/link{link}"] = float(link in delegated)
         for est in self.estimates:
-            value = est.upper_ms
-            if value is not None and math.isfinite(value):
-                out[f"morph/delay_ms/link{est.link}"] = value
+            figures = {
+                "delay_ms": est.upper_ms,  # latency + transmit (queueing left out), or a bound
+                "bandwidth_mbps": est.bandwidth_mbps,  # only where some message queued (else unknown)
+                "transmit_ms": est.transmit_ms,
+                "link_latency_ms": est.latency_ms,  # the latency alone, where the transmit time is known
+            }
+            for name, value in figures.items():
+                if value is not None and math.isfinite(value):
+                    out[f"morph/{name}/link{est.link}"] = value
         return out

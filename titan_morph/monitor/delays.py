@@ -17,6 +17,11 @@ How arrival is observed, per message:
 Detection (delay above tolerance) needs exact samples: a straggling link makes its consumer
 block, so they exist exactly when they matter. A bound below a threshold still proves a link
 healthy, which is what recovery needs.
+
+The exact samples of each (path, link, direction) also go through the bandwidth estimate
+(:mod:`.bandwidth`): a message that queued behind the previous one on the wire gives the link's
+transmit time, not a delay sample, so queueing is not mistaken for latency; every other exact
+sample is a message's Eq. 1 cost, latency + its transmit time.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from titan_morph.monitor.bandwidth import WireEstimate, WireTiming, estimate_wire
 from titan_morph.monitor.profile import MessageStamp, StepProfile
 
 __all__ = ["LinkEstimate", "estimate_links", "quantile"]
@@ -33,11 +39,35 @@ __all__ = ["LinkEstimate", "estimate_links", "quantile"]
 
 @dataclass
 class LinkEstimate:
-    """One link's delivery delays in one step (both directions pooled), in ms."""
+    """One link's delivery delays in one step (both directions pooled), in ms, and per path and
+    direction its wire estimate (``wires``: latency, transmit time, rate)."""
 
     link: int
     exact: list[float] = field(default_factory=list)
     bounds: list[float] = field(default_factory=list)
+    wires: dict[tuple[str, str], WireEstimate] = field(default_factory=dict)  # (path, direction) ->
+
+    def _identified(self) -> list[WireEstimate]:
+        return [w for w in self.wires.values() if w.identified]
+
+    @property
+    def transmit_ms(self) -> float | None:
+        """The link's per-message transmit time: its slower direction's (None: no rate measured)."""
+        found = [w.transmit_ms for w in self._identified() if w.transmit_ms is not None]
+        return max(found) if found else None
+
+    @property
+    def bandwidth_mbps(self) -> float | None:
+        """The link's rate in Mbit/s: its slower direction's (None: not identifiable this step)."""
+        found = [w.bandwidth_mbps for w in self._identified() if w.bandwidth_mbps is not None]
+        return min(found) if found else None
+
+    @property
+    def latency_ms(self) -> float | None:
+        """The latency without the transmit time, where a rate was measured (the larger over
+        directions); None: only the delays (latency + transmit) are known."""
+        found = [w.latency_ms for w in self._identified() if w.latency_ms is not None]
+        return max(found) if found else None
 
     @property
     def delay_ms(self) -> float | None:
@@ -80,21 +110,36 @@ def _sample(send: MessageStamp, recv: MessageStamp, block_eps_ms: float) -> tupl
     return max(0.0, returned - accepted), blocked
 
 
-def estimate_links(profiles: Iterable[StepProfile], num_stages: int, block_eps_ms: float = 1.0) -> list[LinkEstimate]:
+def estimate_links(
+    profiles: Iterable[StepProfile], num_stages: int, block_eps_ms: float = 1.0, jitter_ms: float = 1.0
+) -> list[LinkEstimate]:
     """Per link (0..R-2), the step's delay samples matched send→receive by (path, link, direction, seq);
-    ``num_stages`` counts the pipeline's ranks (its stages with one stage per rank)."""
+    ``num_stages`` counts the pipeline's ranks (its stages with one stage per rank). The exact ones
+    go through :func:`~titan_morph.monitor.bandwidth.estimate_wire` (``jitter_ms``: its jitter
+    floor) per (path, direction): queued messages leave the delay samples for the transmit time."""
     sends: dict[tuple[str, int, str, int], MessageStamp] = {}
     recvs: list[MessageStamp] = []
     for prof in profiles:
         for m in prof.messages:
             (sends.__setitem__(m.key, m) if m.side == "send" else recvs.append(m))
     out = [LinkEstimate(link) for link in range(num_stages - 1)]
+    wires: dict[tuple[int, str, str], list[WireTiming]] = {}
     for recv in recvs:
         send = sends.get(recv.key)
         if send is None or not 0 <= recv.link < num_stages - 1:
             continue
         got = _sample(send, recv, block_eps_ms)
-        if got is not None:
-            value, exact = got
-            (out[recv.link].exact if exact else out[recv.link].bounds).append(value)
+        if got is None:
+            continue
+        value, exact = got
+        if exact:
+            size = recv.nbytes or send.nbytes
+            wire = wires.setdefault((recv.link, recv.path, recv.direction), [])
+            wire.append(WireTiming(recv.seq, send.t1, send.t1 + value, size))
+        else:
+            out[recv.link].bounds.append(value)
+    for (link, path, direction), timings in sorted(wires.items()):
+        est = estimate_wire(timings, jitter_ms)
+        out[link].wires[(path, direction)] = est
+        out[link].exact.extend(est.costs_ms)
     return out

@@ -1,10 +1,20 @@
 """Straggler detection with hysteresis: the same rule, on the same gathered data, on every rank.
 
+A link is **congested** in a step when either
+
+* its delay -- the exact samples' median, a message's latency + transmit time with any queueing
+  behind earlier messages left out (:mod:`.delays`) -- exceeds the active plan's Eq. 1 tolerance
+  by ``margin`` (never below ``floor_ms``, so host jitter on a plan with no slack cannot trigger); or
+* its measured transmit time (:mod:`.bandwidth`) exceeds the wire time per message the plan can
+  absorb by ``margin``. That capacity is a simple bound, not the simulator: the pipeline completes
+  at most one microbatch per period (the busiest rank's F + B + W per microbatch), and each
+  direction of a link carries one message per microbatch for each hop it joins (two in the V), so
+  the wire keeps pace while transmit <= period / hops; beyond it the backlog grows by the
+  difference every microbatch, a cascade no slackness absorbs.
+
 Per link, per step (paper §6, Eq. 1):
 
-* a healthy link turns **slow** after ``detect_steps`` (k) consecutive steps whose exact delay
-  median exceeds the active plan's Eq. 1 tolerance by ``margin`` (never below ``floor_ms``, so
-  host jitter on a plan with no slack cannot trigger);
+* a healthy link turns **slow** after ``detect_steps`` (k) consecutive congested steps;
 * a slow link is re-planned for a **worse** delay after k consecutive steps above the active
   (adapted) plan's tolerance, and for an **eased** one after ``recover_steps`` (m) steps whose
   planning delay is under half the planned one;
@@ -12,9 +22,13 @@ Per link, per step (paper §6, Eq. 1):
   :mod:`titan_morph.monitor.delays`) is below ``recover_ratio`` × the initial plan's tolerance
   (or ``floor_ms``, whichever is larger).
 
-The delay a plan is made for is the ``plan_quantile`` of the last k steps' exact samples, rounded
-up to ``quantum_ms`` so that small fluctuations do not re-plan. Everything here is deterministic:
-ranks that feed identical estimates reach identical decisions.
+A plan is made for a latency and a transmit time per link: the transmit time is the
+``plan_quantile`` of the transmit times measured over the last k steps (0 when none was: the
+delay-only model), rounded up to ``transmit_quantum_ms``; the latency is the ``plan_quantile`` of
+the last k steps' exact samples less that transmit time, rounded up to ``quantum_ms`` so that small
+fluctuations do not re-plan (their sum covers the measured Eq. 1 cost). "Worse" and "eased" compare
+that cost, latency + transmit, and a larger transmit time alone re-plans too. Everything here is
+deterministic: ranks that feed identical estimates reach identical decisions.
 """
 
 from __future__ import annotations
@@ -40,6 +54,7 @@ class DetectRule:
     floor_ms: float = 5.0
     quantum_ms: float = 5.0
     plan_quantile: float = 0.75
+    transmit_quantum_ms: float = 0.1
 
     def __post_init__(self) -> None:
         if self.detect_steps < 1 or self.recover_steps < 1:
@@ -48,8 +63,8 @@ class DetectRule:
             )
         if not (0 < self.recover_ratio <= 1):
             raise ValueError(f"recover_ratio must satisfy 0 < ratio <= 1, got {self.recover_ratio}")
-        if self.margin < 0 or self.floor_ms < 0 or self.quantum_ms <= 0:
-            raise ValueError("margin and floor_ms must be >= 0 and quantum_ms > 0")
+        if self.margin < 0 or self.floor_ms < 0 or self.quantum_ms <= 0 or self.transmit_quantum_ms <= 0:
+            raise ValueError("margin and floor_ms must be >= 0, quantum_ms and transmit_quantum_ms > 0")
         if not 0 <= self.plan_quantile <= 1:
             raise ValueError(f"plan_quantile must be in [0, 1], got {self.plan_quantile}")
 
@@ -62,17 +77,32 @@ class DetectRule:
     def round_up(self, delay_ms: float) -> float:
         return math.ceil(delay_ms / self.quantum_ms - 1e-9) * self.quantum_ms
 
+    def round_transmit(self, transmit_ms: float) -> float:
+        q = self.transmit_quantum_ms
+        return round(math.ceil(transmit_ms / q - 1e-9) * q, 6)
+
+    def plan_for(self, window: Sequence[float], transmits: Sequence[float]) -> tuple[float, float]:
+        """(latency, transmit) to plan for from the recent exact samples and measured transmit times."""
+        tau = self.round_transmit(quantile(transmits, self.plan_quantile)) if transmits else 0.0
+        return self.round_up(max(0.0, quantile(window, self.plan_quantile) - tau)), tau
+
 
 @dataclass
 class LinkState:
     """Detector state of one link."""
 
     slow: bool = False
-    planned_ms: float = 0.0  # the delay the active plan absorbs on this link (0 = none)
+    planned_ms: float = 0.0  # the latency the active plan absorbs on this link (0 = none)
+    planned_transmit_ms: float = 0.0  # the transmit time per message it plans for (0 = delay-only)
     over: int = 0  # consecutive steps above the active plan's threshold
     healthy: int = 0  # consecutive steps below the recovery threshold (slow links)
     eased: int = 0  # consecutive steps planning far below planned_ms (slow links)
     recent: deque[list[float]] = field(default_factory=deque)  # exact samples of the last k steps
+    transmits: deque[float | None] = field(default_factory=deque)  # transmit measured in the last k steps
+
+    @property
+    def planned_cost_ms(self) -> float:
+        return self.planned_ms + self.planned_transmit_ms
 
 
 @dataclass(frozen=True)
@@ -80,13 +110,14 @@ class Decision:
     """A change of plan, decided after ``step``: what to plan for, and why (with the numbers)."""
 
     step: int
-    delays_ms: tuple[float, ...]  # per link: the delay to plan for (0 = healthy)
+    delays_ms: tuple[float, ...]  # per link: the latency to plan for (0 = healthy)
     slow_links: tuple[int, ...]
     newly_slow: tuple[int, ...]
     recovered: tuple[int, ...]
     reasons: tuple[str, ...]
     # per link: the exact delay samples of the last k steps behind a slow link's plan (() if healthy)
     windows_ms: tuple[tuple[float, ...], ...] = ()
+    transmit_ms: tuple[float, ...] = ()  # per link: the transmit time per message to plan for (() = all 0)
 
     @property
     def all_healthy(self) -> bool:
@@ -108,63 +139,110 @@ class Detector:
     def planned_ms(self) -> tuple[float, ...]:
         return tuple(s.planned_ms for s in self.links)
 
+    @property
+    def planned_transmit_ms(self) -> tuple[float, ...]:
+        return tuple(s.planned_transmit_ms for s in self.links)
+
     def update(
         self,
         step: int,
         estimates: Sequence[LinkEstimate],
         tolerance_ms: Sequence[float],
         initial_tolerance_ms: Sequence[float],
+        capacity_ms: Sequence[float] | None = None,
     ) -> Decision | None:
-        """Advance every link by one step; a :class:`Decision` when the plan must change."""
+        """Advance every link by one step; a :class:`Decision` when the plan must change.
+        ``capacity_ms``: per link, the transmit time per message the plan absorbs (module
+        docstring); None = transmit times are not judged."""
         rule = self.rule
         reasons: list[str] = []
         newly, recovered, changed = [], [], False
         for i, (state, est) in enumerate(zip(self.links, estimates, strict=True)):
             state.recent.append(list(est.exact))
+            state.transmits.append(est.transmit_ms)
             while len(state.recent) > rule.detect_steps:
                 state.recent.popleft()
+                state.transmits.popleft()
             window = [x for xs in state.recent for x in xs]
-            delay = est.delay_ms
+            taus = [t for t in state.transmits if t is not None]
+            delay, tau = est.delay_ms, est.transmit_ms
             threshold = rule.slow_threshold(tolerance_ms[i])
-            state.over = state.over + 1 if delay is not None and delay > threshold else 0
+            cap = capacity_ms[i] if capacity_ms is not None else math.inf
+            slow_delay = delay is not None and delay > threshold
+            slow_wire = tau is not None and tau > cap * (1.0 + rule.margin)
+            state.over = state.over + 1 if slow_delay or slow_wire else 0
+            why = (
+                f"delay {delay:.1f} ms > {threshold:.1f} ms"
+                if slow_delay and delay is not None
+                else f"transmit {tau:.1f} ms per message > {cap:.1f} ms the plan absorbs"
+                if tau is not None
+                else ""
+            )
             if not state.slow:
                 if state.over >= rule.detect_steps and window:
-                    state.slow, state.planned_ms = True, rule.round_up(quantile(window, rule.plan_quantile))
+                    state.slow = True
+                    state.planned_ms, state.planned_transmit_ms = rule.plan_for(window, taus)
                     state.over = state.healthy = state.eased = 0
                     newly.append(i)
                     reasons.append(
-                        f"link {i} slow: delay {delay:.1f} ms > {threshold:.1f} ms (Eq. 1 tolerance "
-                        f"{tolerance_ms[i]:.1f} ms + {rule.margin:.0%}) for {rule.detect_steps} steps; "
-                        f"planning for {state.planned_ms:g} ms "
-                        f"(p{rule.plan_quantile * 100:.0f} of {len(window)} samples)"
+                        f"link {i} slow: {why} (Eq. 1 tolerance {tolerance_ms[i]:.1f} ms + {rule.margin:.0%}"
+                        f"{_capacity(cap)}) for {rule.detect_steps} steps; planning for {state.planned_ms:g} ms"
+                        f"{_plus(state.planned_transmit_ms)} (p{rule.plan_quantile * 100:.0f} of {len(window)} samples)"
                     )
                 continue
             upper = est.upper_ms
             recover_at = rule.recover_threshold(initial_tolerance_ms[i])
-            state.healthy = state.healthy + 1 if upper is not None and upper < recover_at else 0
-            target = rule.round_up(quantile(window, rule.plan_quantile)) if window else None
-            state.eased = state.eased + 1 if target is not None and target < 0.5 * state.planned_ms else 0
+            wire_ok = tau is None or tau <= rule.recover_ratio * cap
+            state.healthy = state.healthy + 1 if upper is not None and upper < recover_at and wire_ok else 0
+            target = rule.plan_for(window, taus) if window else None
+            cost = sum(target) if target is not None else None
+            state.eased = state.eased + 1 if cost is not None and cost < 0.5 * state.planned_cost_ms else 0
             if state.healthy >= rule.recover_steps:
                 reasons.append(
                     f"link {i} recovered: delay {upper:.1f} ms < {recover_at:.1f} ms (max of {rule.recover_ratio:g} x "
                     f"initial tolerance, {rule.floor_ms:g} ms) for {rule.recover_steps} steps"
                 )
-                state.slow, state.planned_ms = False, 0.0
+                state.slow, state.planned_ms, state.planned_transmit_ms = False, 0.0, 0.0
                 state.over = state.healthy = state.eased = 0
                 recovered.append(i)
-            elif state.over >= rule.detect_steps and target is not None and target > state.planned_ms:
+            elif (
+                state.over >= rule.detect_steps
+                and target is not None
+                and cost is not None
+                and (cost > state.planned_cost_ms + 1e-9 or target[1] > state.planned_transmit_ms + 1e-9)
+            ):
                 reasons.append(
-                    f"link {i} worse: delay {delay:.1f} ms > {threshold:.1f} ms (tolerance of the plan for "
-                    f"{state.planned_ms:g} ms) for {rule.detect_steps} steps; planning for {target:g} ms"
+                    f"link {i} worse: {why} (tolerance of the plan for {state.planned_ms:g} ms"
+                    f"{_plus(state.planned_transmit_ms)}) for {rule.detect_steps} steps; planning for "
+                    f"{target[0]:g} ms{_plus(target[1])}"
                 )
-                state.planned_ms, state.over, state.eased, changed = target, 0, 0, True
+                (state.planned_ms, state.planned_transmit_ms), state.over, state.eased, changed = target, 0, 0, True
             elif state.eased >= rule.recover_steps and target is not None:
                 reasons.append(
-                    f"link {i} eased: delay p{rule.plan_quantile * 100:.0f} {target:g} ms < half the planned "
-                    f"{state.planned_ms:g} ms for {rule.recover_steps} steps"
+                    f"link {i} eased: delay p{rule.plan_quantile * 100:.0f} {cost:g} ms < half the planned "
+                    f"{state.planned_cost_ms:g} ms for {rule.recover_steps} steps"
                 )
-                state.planned_ms, state.over, state.eased, changed = max(target, rule.quantum_ms), 0, 0, True
+                state.planned_ms, state.planned_transmit_ms = max(target[0], rule.quantum_ms), target[1]
+                state.over, state.eased, changed = 0, 0, True
         if not (newly or recovered or changed):
             return None
         windows = tuple(tuple(x for xs in state.recent for x in xs) if state.slow else () for state in self.links)
-        return Decision(step, self.planned_ms, self.slow_links, tuple(newly), tuple(recovered), tuple(reasons), windows)
+        transmit = self.planned_transmit_ms if any(self.planned_transmit_ms) else ()
+        return Decision(
+            step,
+            self.planned_ms,
+            self.slow_links,
+            tuple(newly),
+            tuple(recovered),
+            tuple(reasons),
+            windows,
+            transmit,
+        )
+
+
+def _plus(transmit_ms: float) -> str:
+    return f" + {transmit_ms:g} ms transmit" if transmit_ms > 0 else ""
+
+
+def _capacity(cap: float) -> str:
+    return f"; wire time per message {cap:.1f} ms" if math.isfinite(cap) else ""

@@ -1,4 +1,5 @@
-"""New plans for detector decisions: Alg. 2 (+ the search) from measured times and delays.
+"""New plans for detector decisions: Alg. 2 (+ the search) from measured times, latencies and
+transmit times (the planner's bandwidth model, :mod:`titan_morph.pipelining.links`).
 
 Stage times come from the profiles (median over a window of steps, so one noisy step does not
 move the plan), rounded to 0.1 ms so that every rank builds exactly the same cost model from the
@@ -18,7 +19,7 @@ from titan_morph.pipelining.builders import build
 from titan_morph.pipelining.model import CostModel, Plan
 from titan_morph.pipelining.search import iterations_for_ms
 
-__all__ = ["MeasuredTimes", "adapted_plan", "search_iterations"]
+__all__ = ["MeasuredTimes", "adapted_plan", "search_iterations", "wire_capacity_ms"]
 
 
 class MeasuredTimes:
@@ -60,9 +61,15 @@ class MeasuredTimes:
         return tuple(out)
 
     def model(
-        self, microbatches: int, delays: Sequence[float] | None = None, memory: int | Sequence[int] | None = None
+        self,
+        microbatches: int,
+        delays: Sequence[float] | None = None,
+        memory: int | Sequence[int] | None = None,
+        transmit: Sequence[float] | None = None,
     ) -> CostModel:
-        """The measured times as a cost model; ``memory``: one in-flight cap for every rank, or one per rank."""
+        """The measured times as a cost model with per-link latencies ``delays`` and per-message
+        ``transmit`` times (None: the delay-only model); ``memory``: one in-flight cap for every
+        rank, or one per rank."""
         times = self.times()
         return CostModel.uniform(
             len(times),
@@ -73,7 +80,19 @@ class MeasuredTimes:
             delays=tuple(delays) if delays is not None else None,
             memory=memory,
             stages_per_rank=self.stages_per_rank,
+            transmit=tuple(transmit) if transmit else None,
         )
+
+
+def wire_capacity_ms(model: CostModel) -> tuple[float, ...]:
+    """Per link, the transmit time per message the pipeline's pace leaves room for: the busiest
+    rank's F + B + W per microbatch (at most one microbatch completes per such period), divided by
+    the hops the link carries per direction (each sends one message per microbatch). A slower wire
+    falls further behind with every microbatch (:mod:`.detect`)."""
+    period = max(
+        sum(model.fwd[q] + model.bwd[q] + model.wgt[q] for q in model.rank_stages(r)) for r in range(model.ranks)
+    )
+    return tuple(period / len(model.link_hops(link)) for link in range(model.num_links))
 
 
 def search_iterations(model: CostModel, iterations: int, budget_ms: float) -> int:
@@ -91,10 +110,10 @@ def adapted_plan(
     iterations: int,
     samples: Sequence[Sequence[float]] | None = None,
 ) -> Plan:
-    """PipeMorph's plan for ``model``'s delays (PipeMorph-V with two stages per rank): Alg. 2,
-    refined by the search when ``search`` (with
-    ``iterations``); for ``samples`` (per-link delay vectors; non-blocking links) the plan with the
-    lowest expected makespan over them."""
+    """PipeMorph's plan for ``model``'s latencies and transmit times (PipeMorph-V with two stages
+    per rank): Alg. 2 (Eq. 1 with latency + transmit), refined by the search when ``search`` (with
+    ``iterations``; it times the FIFO wire of the bandwidth model); for ``samples`` (per-link
+    latency vectors; non-blocking links) the plan with the lowest expected makespan over them."""
     name = "pipemorph" if model.stages_per_rank == 1 else "pipemorph-v"
     if not search:
         return build(name, model)
