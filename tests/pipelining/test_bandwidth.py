@@ -344,3 +344,79 @@ def test_the_v_placement_shares_each_wire_between_its_two_hops() -> None:
         assert all(a[1] <= b[0] for a, b in zip(sent, sent[1:]))
     found = search_detailed(model, iterations=40)
     assert found.makespan == makespan(model, found.plan.orders) <= span
+
+
+# ---- rates instead of times: links.Bandwidth (bytes x 8 / rate), random rate draws, a trace's rate column
+
+
+def test_bandwidth_turns_a_rate_into_the_transmit_time_of_each_message_size():
+    from titan_morph.pipelining.links import Bandwidth, transmit_ms_of
+
+    # 64 KiB at 50 Mbit/s = 524288 bits / 50000 bits per ms; the gradients of link 1 are 16 KiB
+    model = Bandwidth(StaticDelays((0.0, 5.0)), (50.0, 10.0), ((65536, 65536), (65536, 16384)))
+    assert model.transmit_ms(0, "fwd") == pytest.approx(65536 * 8 / 50_000)
+    assert model.transmit_ms(1, "bwd") == pytest.approx(16384 * 8 / 10_000)
+    assert (model.delay_ms(1, "fwd"), model.rate_mbit(0, "bwd")) == (5.0, 50.0)
+    assert Bandwidth(StaticDelays((0.0,)), (0.0,), ((10**9, 10**9),)).transmit_ms(0, "fwd") == 0.0  # unlimited
+    assert transmit_ms_of(125_000, 1.0) == 1000.0  # 1 Mbit at 1 Mbit/s: one second
+    # back-to-back messages leave the wire one transmit time apart, the latency on top
+    queue = LinkQueue(model, 1, "fwd", depth=None)
+    tau = 65536 * 8 / 10_000
+    delivered = [queue.send(0.1 * i).delivered for i in range(4)]
+    assert delivered == pytest.approx([(i + 1) * tau + 5.0 for i in range(4)])
+    for bad in (dict(rates=(1.0,)), dict(rates=(-1.0, 1.0)), dict(sizes=((1, -1), (1, 1)))):
+        with pytest.raises(ValueError):
+            Bandwidth(StaticDelays((0.0, 0.0)), bad.get("rates", (1.0, 1.0)), bad.get("sizes", ((1, 1), (1, 1))))
+
+
+def test_random_rates_are_redrawn_with_the_delays_and_leave_the_delays_unchanged():
+    plain = RandomDelays(3, 20.0, 10.0, (100.0, 200.0), seed=5, links=(0, 2))
+    rated = RandomDelays(3, 20.0, 10.0, (100.0, 200.0), seed=5, links=(0, 2), rates=(10.0, 40.0))
+    again = RandomDelays(3, 20.0, 10.0, (100.0, 200.0), seed=5, links=(0, 2), rates=(10.0, 40.0))
+    times = [t * 7.0 for t in range(1500)]
+    for link in (0, 2):
+        assert [rated.delay_ms(link, "fwd", t) for t in times] == [plain.delay_ms(link, "fwd", t) for t in times]
+        rates = [rated.rate_mbit(link, "fwd", t) for t in times]
+        assert rates == [again.rate_mbit(link, "bwd", t) for t in times]  # deterministic, both directions
+        assert all(10.0 <= r <= 40.0 for r in rates)
+        delays = [rated.delay_ms(link, "fwd", t) for t in times]
+        changes = {i for i in range(1, len(times)) if delays[i] != delays[i - 1]}
+        assert {i for i in range(1, len(times)) if rates[i] != rates[i - 1]} == changes and len(changes) > 20
+    assert rated.rate_mbit(1, "fwd", 500.0) is None and plain.rate_mbit(0, "fwd") is None  # not straggling: unset
+    fresh = RandomDelays(3, 20.0, 10.0, (100.0, 200.0), seed=5, links=(0, 2), rates=(10.0, 40.0))
+    fresh.delay_ms(0, "fwd", 60_000.0)  # the cache moved on: an early time is replayed from the seed
+    assert fresh.rate_mbit(0, "fwd", 150.0) == again.rate_mbit(0, "fwd", 150.0)
+    with pytest.raises(ValueError, match="rates"):
+        RandomDelays(3, 20.0, 10.0, (100.0, 200.0), rates=(40.0, 10.0))
+    # through Bandwidth: the transmit time follows the drawn rate; the quiet link keeps the configured one
+    from titan_morph.pipelining.links import Bandwidth
+
+    model = Bandwidth(rated, (100.0, 100.0, 100.0), ((12_500, 12_500),) * 3)
+    assert model.transmit_ms(0, "fwd", 900.0) == pytest.approx(100.0 / rated.rate_mbit(0, "fwd", 900.0))
+    assert model.transmit_ms(1, "fwd", 900.0) == pytest.approx(1.0)
+
+
+def test_trace_rate_column_sets_rates_per_event_empty_is_unlimited(tmp_path):
+    from titan_morph.pipelining.links import Bandwidth, TraceDelays
+
+    path = tmp_path / "trace.csv"
+    path.write_text("step,link,delay_ms,bandwidth_mbit\n2,0,10,50\n4,0,0,\n3,1,5,20\n")
+    trace = TraceDelays.from_csv(path, 2)
+    assert trace.has_rates
+    assert [trace.rate_mbit(0, "fwd", step=s) for s in (1, 2, 3, 4)] == [None, 50.0, 50.0, 0.0]
+    model = Bandwidth(trace, (100.0, 100.0), ((62_500, 62_500),) * 2)  # 0.5 Mbit per message
+    assert [model.transmit_ms(0, "bwd", step=s) for s in (1, 2, 4)] == pytest.approx([5.0, 10.0, 0.0])
+    assert model.transmit_ms(1, "fwd", step=3) == pytest.approx(25.0)
+    trace.to_csv(tmp_path / "again.csv")
+    back = TraceDelays.from_csv(tmp_path / "again.csv", 2)
+    assert [back.rate_mbit(0, "fwd", step=s) for s in (1, 2, 4)] == [None, 50.0, 0.0]
+    assert not TraceDelays.from_csv(_plain_trace(tmp_path), 2).has_rates
+    path.write_text("step,link,delay_ms,bandwidth_mbit\n2,0,10,-5\n")
+    with pytest.raises(ValueError, match="bandwidth_mbit"):
+        TraceDelays.from_csv(path, 2)
+
+
+def _plain_trace(tmp_path: Path) -> Path:
+    path = tmp_path / "plain.csv"
+    path.write_text("step,link,delay_ms\n2,0,10\n")
+    return path

@@ -140,7 +140,7 @@ class RandomDelays(LinkModel):
     re-drawn at intervals ~ U(low, high) ms. Deterministic for a seed, so every rank and the
     simulator see the same delay at the same time. Both directions share the link's delay.
     With ``rates = (low, high)`` Mbit/s a straggling link's rate ~ U(low, high) is re-drawn with
-    its delay (drawn after it, so the delays are those of the same seed without rates).
+    its delay, from a stream of its own (the delays are those of the same seed without rates).
 
     Memory is bounded however long the run: each link keeps its last :attr:`KEEP` change points
     (the transports and the simulator ask about the last few seconds); an older time is answered by
@@ -158,7 +158,9 @@ class RandomDelays(LinkModel):
     rates: tuple[float, float] | None = None  # Mbit/s U(low, high) of the straggling links; None = not set
     _change_times: list[list[float]] = field(default_factory=list, init=False, repr=False, compare=False)
     _values: list[list[tuple[float, float | None]]] = field(default_factory=list, init=False, repr=False, compare=False)
-    _rngs: list[random.Random] = field(default_factory=list, init=False, repr=False, compare=False)
+    _rngs: list[tuple[random.Random, random.Random]] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         low, high = self.interval
@@ -177,17 +179,20 @@ class RandomDelays(LinkModel):
         self._values = [[self._draw(rng) if link in active else (0.0, None)] for link, rng in enumerate(self._rngs)]
         self._active = active
 
-    def _rng(self, link: int) -> random.Random:
-        return random.Random(f"{self.seed}:{link}")
+    def _rng(self, link: int) -> tuple[random.Random, random.Random]:
+        """The link's streams: (intervals and delays, rates)."""
+        return random.Random(f"{self.seed}:{link}"), random.Random(f"{self.seed}:{link}:rate")
 
-    def _draw(self, rng: random.Random) -> tuple[float, float | None]:
-        """(delay, rate) of one change: the delay first, then the rate when rates are drawn."""
-        delay = max(0.0, rng.gauss(self.mean, self.std))
-        return delay, None if self.rates is None else rng.uniform(*self.rates)
+    def _draw(self, rng: tuple[random.Random, random.Random]) -> tuple[float, float | None]:
+        """(delay, rate) of one change (no rate drawn when rates are not set)."""
+        delay = max(0.0, rng[0].gauss(self.mean, self.std))
+        return delay, None if self.rates is None else rng[1].uniform(*self.rates)
 
-    def _next_change(self, rng: random.Random, at: float) -> tuple[float, tuple[float, float | None]]:
+    def _next_change(
+        self, rng: tuple[random.Random, random.Random], at: float
+    ) -> tuple[float, tuple[float, float | None]]:
         """The change after the one at ``at``: its time and its values (the one order of draws)."""
-        return at + rng.uniform(*self.interval), self._draw(rng)
+        return at + rng[0].uniform(*self.interval), self._draw(rng)
 
     def _replay(self, link: int, t_ms: float) -> tuple[float, float | None]:
         """The values at ``t_ms`` from the link's seed: the same draws, in the same order, as the cache."""
