@@ -152,3 +152,187 @@ def test_no_path_left_is_one_error_naming_both_failures(scenario: str) -> None:
         msg = r["error"]
         assert "link 0 has no path left" in msg and "delegate path failed at step 4" in msg, msg
         assert "default path had failed before" in msg and "delegate #0 of link 0 (bwd" in msg, msg
+
+
+# -- a data path that stalls instead of failing (a blackholed route) -------------------------------
+# A two-stage toy pipeline trains for real: stage 0 sends MICRO activations over link 0, stage 1
+# computes the loss and sends the gradients back, both take an SGD step, and a barrier ends the step.
+# From step 3's second activation on, stage 0's sends on its first default-path group go nowhere:
+# they "complete" on stage 0 (as small sends do into the socket buffer of a blackholed route) and
+# are never posted on gloo, so stage 1's real gloo receive stalls.
+STALL_STEPS, MICRO, STALL_TIMEOUT_S = 6, 4, 8.0  # [comm] bound 8 s: the stall bound is 2 s
+
+
+class _Gone:
+    """A send that went into a blackhole: done on the sender, never on the wire."""
+
+    record = None
+    due_s = None
+
+    def __init__(self, op) -> None:
+        self.ops = (op,)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def _blackholed(inner_cls, rank: int, tag: callable):
+    """``inner_cls`` whose sends of stage 0 vanish once ``_blackholed.on`` is set (while ``tag()`` is "0")."""
+
+    class Blackholed(inner_cls):
+        on = False
+
+        def batch_p2p(self, ops, desc=None):
+            if not (self.on and rank == 0 and tag() == "0"):
+                return super().batch_p2p(ops, desc)
+            return [_Gone(op) for op in ops if op.op.__name__ == "isend"] + super().batch_p2p(
+                [op for op in ops if op.op.__name__ != "isend"], desc
+            )
+
+    return Blackholed
+
+
+def _toy_model():
+    import torch
+
+    torch.manual_seed(0)
+    return torch.randn(8, 8) * 0.5, torch.randn(8, 2) * 0.5
+
+
+def _toy_data(step: int, i: int):
+    import torch
+
+    g = torch.Generator().manual_seed(step * 100 + i)
+    return torch.randn(3, 8, generator=g), torch.randn(3, 2, generator=g)
+
+
+def _toy_reference_losses() -> list[float]:
+    """The same training in one process: the losses of an undisturbed run."""
+    import torch
+
+    w0, w1 = (w.requires_grad_() for w in _toy_model())
+    losses = []
+    for step in range(1, STALL_STEPS + 1):
+        total = 0.0
+        for i in range(MICRO):
+            x, y = _toy_data(step, i)
+            h = torch.tanh(x @ w0)
+            loss = ((h @ w1 - y) ** 2).mean()
+            loss.backward()
+            total += loss.item()
+        with torch.no_grad():
+            for w in (w0, w1):
+                w -= 0.1 * w.grad
+                w.grad = None
+        losses.append(total)
+    return losses
+
+
+def _toy_train(rank: int, world: int, scenario: str) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from titan_morph.comm import RecordedTransport, sync_clock
+    from titan_morph.comm.timeouts import CommTimeouts
+    from titan_morph.comm.transport import TorchTransport
+
+    timeouts = CommTimeouts.fixed(STALL_TIMEOUT_S)
+    epoch = sync_clock().epoch
+    out: dict = {"losses": [], "error": "", "failovers": 0, "stalls": 0, "routed": {}}
+    if scenario == "default":
+        inner = _blackholed(TorchTransport, rank, lambda: "0")(epoch)
+        tr = RecordedTransport(inner, stage=rank, num_stages=world, epoch=epoch)
+    else:
+        from titan_morph.comm.delegate import DelegateTransport
+        from titan_morph.comm.failover import FailoverTransport
+        from titan_morph.comm.pairs import LinkGroups, LinkTransport
+
+        groups = LinkGroups(stage=rank, num_stages=world, namespace=f"toy-{scenario}", timeouts=timeouts)
+        inner = _blackholed(LinkTransport, rank, lambda: groups.group(0).tag)(groups, epoch=epoch)
+        primary = RecordedTransport(inner, stage=rank, num_stages=world, epoch=epoch)
+        delegate = DelegateTransport(stage=rank, num_stages=world, epoch=epoch, strict=False, timeouts=timeouts)
+        tr = FailoverTransport(
+            primary, delegate, stage=rank, num_stages=world, pairs=groups, timeouts=timeouts, recover_probes=2
+        )
+    w0, w1 = (w.requires_grad_() for w in _toy_model())
+    peer = 1 - rank
+    try:
+        for step in range(1, STALL_STEPS + 1):
+            tr.set_step(step)
+            total = 0.0
+            if rank == 0:
+                hs, sent = [], []
+                for i in range(MICRO):
+                    if step == 3 and i == 1:
+                        inner.on = scenario != "slow"
+                        if scenario == "slow":  # a busy sender: longer than the stall bound, then it sends
+                            time.sleep(3.0)
+                    h = torch.tanh(_toy_data(step, i)[0] @ w0)
+                    hs.append(h)
+                    sent += tr.batch_p2p([dist.P2POp(dist.isend, h.detach().clone(), peer)])
+                grads = [torch.empty(3, 8) for _ in range(MICRO)]
+                handles = [tr.batch_p2p([dist.P2POp(dist.irecv, g, peer)])[0] for g in grads]
+                for h, g, handle in zip(hs, grads, handles):
+                    handle.wait()
+                    h.backward(g)
+                for handle in sent:
+                    handle.wait()
+            else:
+                acts = [torch.empty(3, 8) for _ in range(MICRO)]
+                handles = [tr.batch_p2p([dist.P2POp(dist.irecv, a, peer)])[0] for a in acts]
+                sends = []
+                for i, (a, handle) in enumerate(zip(acts, handles)):
+                    handle.wait()
+                    a.requires_grad_()
+                    loss = ((a @ w1 - _toy_data(step, i)[1]) ** 2).mean()
+                    loss.backward()
+                    total += loss.item()
+                    sends += tr.batch_p2p([dist.P2POp(dist.isend, a.grad, peer)])
+                for s in sends:
+                    s.wait()
+            with torch.no_grad():
+                for w in (w0, w1):
+                    if w.grad is not None:
+                        w -= 0.1 * w.grad
+                        w.grad = None
+            out["losses"].append(total)
+            if scenario != "default":
+                out["routed"][step] = sorted(tr.router.routed)
+            dist.barrier()
+    except Exception as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    if scenario != "default":
+        out.update(failovers=tr.failovers, stalls=tr.stalls.stalls)
+    tr.close(timeout=5.0, drain=not out["error"])
+    return out
+
+
+def test_a_stalled_data_path_fails_over_and_training_keeps_its_losses() -> None:
+    ref = _toy_reference_losses()
+    r0, r1 = run_ranks(_toy_train, 2, "stall", timeout=180, pg_timeout_s=STALL_TIMEOUT_S)
+    assert not r0["error"] and not r1["error"], (r0, r1)
+    assert r1["losses"] == pytest.approx(ref, rel=1e-6, abs=0.0), (r1["losses"], ref)
+    assert r0["routed"][2] == [] and r0["routed"][3] == [(0, "bwd"), (0, "fwd")], r0["routed"]
+    assert r0["failovers"] == r1["failovers"] == 2, (r0, r1)
+    assert r1["stalls"] == 1 and r0["stalls"] == 0, (r0, r1)  # the receiver noticed; the sender was told
+
+
+def test_a_busy_peer_is_no_stall_of_the_link() -> None:
+    ref = _toy_reference_losses()
+    r0, r1 = run_ranks(_toy_train, 2, "slow", timeout=180, pg_timeout_s=STALL_TIMEOUT_S)
+    assert not r0["error"] and not r1["error"], (r0, r1)
+    assert r1["losses"] == pytest.approx(ref, rel=1e-6, abs=0.0), (r1["losses"], ref)
+    assert r0["failovers"] == r1["failovers"] == 0 and r0["stalls"] == r1["stalls"] == 0, (r0, r1)
+
+
+def test_a_stalled_data_path_under_default_is_one_error_naming_rank_link_and_operation() -> None:
+    r0, r1 = run_ranks(_toy_train, 2, "default", timeout=180, pg_timeout_s=STALL_TIMEOUT_S)
+    assert r1["losses"] == pytest.approx(_toy_reference_losses()[:2], rel=1e-6, abs=0.0), r1
+    err = r1["error"]
+    assert err.startswith(
+        "CommTimeoutError: stage 1 (rank 1): receive from stage 0 on link 0 (fwd), message 9 of step 3"
+    ), err
+    assert len(err.splitlines()) == 1 and f"Timed out waiting {STALL_TIMEOUT_S * 1000:.0f}ms" in err, err

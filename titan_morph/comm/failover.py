@@ -48,6 +48,7 @@ from titan_morph.comm.delegate import DelegateTransport
 from titan_morph.comm.failover_probe import PROBE_TIMEOUT_S, Prober
 from titan_morph.comm.failover_resend import Message, Recv, Resender
 from titan_morph.comm.failover_router import PATH_ERRORS, Router
+from titan_morph.comm.failover_stall import STALL_FRACTION, StallWatch
 from titan_morph.comm.pairs import LinkGroups
 from titan_morph.comm.records import MessageRecord, close_at_exit
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
@@ -70,6 +71,8 @@ class FailoverTransport(Transport):
         timeouts: bound of every wait (TorchTitan's ``[comm]`` timeouts).
         recover_probes: good probes in a row before a failed default path is used again
             (``[morph] recover_consecutive``); probe_interval_s: seconds between probes.
+        stall_fraction: a default-path wait that stalls this fraction of the ``[comm]`` bound while
+            the peer has posted its side is the link's failure (:mod:`~titan_morph.comm.failover_stall`).
         store: the c10d store of the notices (default: the default group's).
     """
 
@@ -88,6 +91,7 @@ class FailoverTransport(Transport):
         timeouts: CommTimeouts = DEFAULT_TIMEOUTS,
         recover_probes: int = 5,
         probe_interval_s: float = 1.0,
+        stall_fraction: float = STALL_FRACTION,
         store: Store | None = None,
     ) -> None:
         if primary.epoch != delegate.epoch:
@@ -118,9 +122,11 @@ class FailoverTransport(Transport):
             pairs=pairs,
             timeouts=timeouts,
         )
-        self.resender = Resender(self.router)
+        self.stalls = StallWatch(self.router, stall_fraction)
+        self.resender = Resender(self.router, self.stalls)
         self.prober = Prober(self.router, pairs, recover_probes, probe_interval_s)
         self.router.replay, self.router.probe = self.resender.replay, self.prober.start
+        self.router.on_round = self.stalls.poll
         delegate.add_listener(self.router.on_delegate_failure)
         self._watcher = self.router.thread(self.router.watch, "titan_morph-failover-watch")
         close_at_exit(self)
@@ -206,6 +212,7 @@ class FailoverTransport(Transport):
             if self.resender.keep(msg):  # a re-send is under way: queued behind it
                 return
             path, gen = router.path_of(msg.key), router.gen.get(link, 0)
+            first = self.stalls.posted(msg.key, path, gen, len(msg.ops))
         handles: list[Handle] | None = None
         try:
             handles = router.transport(path).batch_p2p(msg.ops, desc)
@@ -215,15 +222,16 @@ class FailoverTransport(Transport):
             if msg.issued.is_set():
                 return  # a move re-posted this receive on the new path meanwhile
             if handles is not None and router.gen.get(link, 0) == gen:
-                msg.carry(handles, path, gen)
+                msg.carry(handles, path, gen, first)
                 return
             # the link moved while this was issued (or its path refused it): the new path carries it
             router.raise_fatal(link)
             if send:
                 self.resender.queue(msg)
             else:
-                path = router.path_of(msg.key)
-                msg.carry(router.transport(path).batch_p2p(msg.ops, desc), path, router.gen[link])
+                path, gen = router.path_of(msg.key), router.gen[link]
+                first = self.stalls.posted(msg.key, path, gen, len(msg.ops))
+                msg.carry(router.transport(path).batch_p2p(msg.ops, desc), path, gen, first)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self, timeout: float | None = None, drain: bool = True) -> None:

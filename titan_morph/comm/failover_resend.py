@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from titan_morph.comm.failover_router import PATH_ERRORS, Router
+from titan_morph.comm.failover_stall import StallWatch
 from titan_morph.comm.pairs import LinkFailedError
 from titan_morph.comm.records import CommTimeoutError, MessageRecord
 from titan_morph.comm.transport import Handle
@@ -37,6 +38,7 @@ class Message:
         self.inner: list[Handle] = []
         self.path = ""
         self.gen = -1
+        self.first = -1  # index of its first op on the default path as of ``gen`` (-1: elsewhere)
         self.issued = threading.Event()
         self.done = False
         self.error: BaseException | None = None
@@ -45,8 +47,8 @@ class Message:
     def record(self) -> MessageRecord | None:
         return self.inner[0].record if self.inner else None
 
-    def carry(self, handles: list[Handle], path: str, gen: int) -> None:
-        self.inner, self.path, self.gen = handles, path, gen
+    def carry(self, handles: list[Handle], path: str, gen: int, first: int = -1) -> None:
+        self.inner, self.path, self.gen, self.first = handles, path, gen, first
         self.issued.set()
 
     def is_completed(self) -> bool:
@@ -66,13 +68,16 @@ class Message:
             if self.error is not None:
                 raise self.error
             with router.lock:
-                handles, gen, path = self.inner, self.gen, self.path
+                handles, gen, path, first = self.inner, self.gen, self.path, self.first
+            token = self.owner.stalls.begin(self.key, path, gen, first)  # a stall moves the link meanwhile
             try:
                 for h in handles:
                     h.wait(max(1e-3, deadline - time.monotonic()))
             except PATH_ERRORS as e:
                 router.failed_at(self.key[0], path, gen, e)  # raises when no path is left
                 continue
+            finally:
+                self.owner.stalls.end(token)
             if not self._before_done(gen):
                 continue  # moved while we waited: the new path also delivers (the same bytes), wait for it
         return True
@@ -108,13 +113,14 @@ class Recv(Message):
 class Resender:
     """The messages of the current and the previous step, and their replay after a move."""
 
-    def __init__(self, router: Router) -> None:
-        self.router = router
+    def __init__(self, router: Router, stalls: StallWatch) -> None:
+        self.router, self.stalls = router, stalls
         self._sends: dict[tuple[int, str], list[Message]] = {}  # this and the previous step's, in order
         self._recvs: dict[tuple[int, str], list[Recv]] = {}
         self._outbox: dict[tuple[int, str], deque[Message]] = {}  # sends waiting for the re-sender
         self._resenders: dict[tuple[int, str], threading.Thread] = {}
-        self._discards: dict[tuple[int, str], deque[tuple[Recv, list[Handle], list[torch.Tensor]]]] = {}
+        # per key: (the receive, handles, scratch tensors, path, generation, first op on the default path)
+        self._discards: dict[tuple[int, str], deque[tuple[Recv, list[Handle], list[torch.Tensor], str, int, int]]] = {}
 
     def keep(self, msg: Message) -> bool:
         """Track ``msg`` (caller holds the lock); True when a re-send of its key is under way and
@@ -185,6 +191,7 @@ class Resender:
                 msg = queue[0]
                 path, gen = router.path_of(key), router.gen[link]
                 fatal = router.fatal.get(link)
+                first = self.stalls.posted(key, path, gen, len(msg.ops)) if fatal is None else -1
             if fatal is not None:
                 with router.lock:
                     for m in self._outbox.pop(key, deque()):
@@ -202,7 +209,7 @@ class Resender:
             with router.lock:
                 if queue and queue[0] is msg and router.gen[link] == gen:
                     queue.popleft()
-                    msg.carry(handles, path, gen)
+                    msg.carry(handles, path, gen, first)
 
     def _repost(self, key: tuple[int, str], step: int, new: str, gen: int) -> None:
         """Post every receive of ``key`` since ``step`` again on path ``new``, in order: a discard for
@@ -211,15 +218,16 @@ class Resender:
         for r in self._recvs.get(key, []):
             if r.step < step:
                 continue
+            first = self.stalls.posted(key, new, gen, len(r.ops))
             if r.settle():
                 scratch = [torch.empty_like(op.tensor) for op in r.ops]
                 ops = [dist.P2POp(dist.irecv, t, r.ops[0].group_peer, r.ops[0].group) for t in scratch]
-                self._discards.setdefault(key, deque()).append((r, transport.batch_p2p(ops), scratch))
+                self._discards.setdefault(key, deque()).append((r, transport.batch_p2p(ops), scratch, new, gen, first))
             else:
                 for h in r.inner:
                     if h.record is not None:
                         h.record.status = "error"
-                r.carry(transport.batch_p2p(r.ops), new, gen)
+                r.carry(transport.batch_p2p(r.ops), new, gen, first)
 
     def drain_discards(self, key: tuple[int, str], upto: Recv | None) -> None:
         """Consume the discarded copies posted for receives before ``upto`` (all of them when None)."""
@@ -228,14 +236,17 @@ class Resender:
                 queue = self._discards.get(key)
                 if not queue:
                     return
-                recv, handles, _ = queue[0]
+                recv, handles, _, path, gen, first = queue[0]
                 if upto is not None:
                     order = {id(r): i for i, r in enumerate(self._recvs.get(key, []))}
                     if order.get(id(recv), -1) > order.get(id(upto), -1):
                         return
                 queue.popleft()
-            for h in handles:
-                try:
+            token = self.stalls.begin(key, path, gen, first)
+            try:
+                for h in handles:
                     h.wait()
-                except PATH_ERRORS:
-                    pass  # the path failed again: its own move re-posts what is needed
+            except PATH_ERRORS:
+                pass  # the path failed again: its own move re-posts what is needed
+            finally:
+                self.stalls.end(token)

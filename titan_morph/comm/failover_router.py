@@ -84,6 +84,7 @@ class Router:
         self.threads: list[threading.Thread] = []
         self.replay: Replay = lambda key, sends, step, new, gen: None
         self.probe: Callable[[int, int], None] = lambda link, gen: None
+        self.on_round: Callable[[], None] = lambda: None  # more of the watcher's work (the stall check)
 
     @property
     def timeout_s(self) -> float:
@@ -259,6 +260,7 @@ class Router:
                         self.move(link, path, step, why, notify=True)
                     except LinkFailedError as e:
                         logger.error("titan_morph: %s", e)
+            self.on_round()
             pause = WATCH_S
             for link, gen in gens.items():
                 key = self._notice_key(link, gen)

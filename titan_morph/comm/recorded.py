@@ -26,7 +26,7 @@ import time
 import torch.distributed as dist
 
 from titan_morph.comm.device_stamps import DeviceStamps, ReadyStamp
-from titan_morph.comm.records import MessageBook, MessageRecord
+from titan_morph.comm.records import CommTimeoutError, MessageBook, MessageRecord
 from titan_morph.comm.transport import DefaultPathOnly, Handle, Transport, group_by_link
 from titan_morph.comm.waits import on_nccl
 
@@ -48,9 +48,23 @@ class _Handle:
         rec = self.record
         if rec.waited is None:
             rec.waited = self.owner.now_ms()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for w in self.works:
-            w.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        t0 = time.monotonic()
+        deadline = None if timeout is None else t0 + timeout
+        try:
+            for w in self.works:
+                w.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        except Exception as e:
+            rec.status = "error"
+            if type(e).__module__.startswith("titan_morph"):
+                raise  # named already (a per-link group's error: the failover acts on its type)
+            # torch's own error (a gloo timeout, a closed pair) names neither rank nor link
+            op = "send to" if rec.side == "send" else "receive from"
+            cause = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+            kind = CommTimeoutError if "timed out" in cause.lower() else RuntimeError
+            raise kind(
+                f"{self.owner.where()}: {op} stage {rec.peer_stage} on link {rec.link} ({rec.direction}), message "
+                f"{rec.seq} of step {rec.step}, failed after {time.monotonic() - t0:.3g} s: {cause}"
+            ) from e
         if rec.completed is None:
             rec.completed = self.owner.now_ms()
             rec.status = "done"
