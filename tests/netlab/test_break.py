@@ -1,0 +1,71 @@
+"""A data path broken at a training step: schedules keyed by step, and (netlab) a job whose data
+path between two nodes breaks at step 3 under ``transport = "auto"`` keeps the losses of an
+undisturbed run, its link on the delegates (over the ``host`` NIC)."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.netlab.conftest import PREFIX
+from titan_morph.netlab.lab import Lab, LabError
+from titan_morph.netlab.schedule import Controller, Event, StepLog, parse_schedule
+from titan_morph.netlab.shape import breaks
+
+REPO = Path(__file__).resolve().parents[2]
+LOSS_RE = re.compile(r"step:\s*(\d+)\s+loss:\s*([0-9.]+)")
+
+
+def test_step_keyed_rows_come_after_the_timed_ones_in_step_order():
+    text = "time_s,from,to,nic,rate_mbit\nstep=5,1,2,data,heal\n3,0,1,data,100\nstep=3,n1,n2,data,break\n"
+    assert parse_schedule(text) == [
+        Event(3.0, 0, 1, "data", 100.0),
+        Event(0.0, 1, 2, "data", action="break", step=3),
+        Event(0.0, 1, 2, "data", action="heal", step=5),
+    ]
+    assert str(Event(0.0, 1, 2, "data", action="break", step=3)) == "step 3 break 1<->2 on data"
+
+
+@pytest.mark.parametrize("cell", ["step=0", "step=x", "step=-1", "step="])
+def test_a_bad_step_names_its_line(cell: str):
+    with pytest.raises(LabError, match=r"plan.csv:2: .*step=N with a training step N >= 1"):
+        parse_schedule(f"time_s,from,to,nic,rate_mbit\n{cell},1,2,data,break\n", "plan.csv")
+
+
+def test_a_step_keyed_row_needs_a_job_to_follow():
+    lab = Lab(3, PREFIX)  # not made: the check comes before anything runs
+    with pytest.raises(LabError, match="step 3 break 1<->2 on data: a step-keyed row needs a job"):
+        Controller(lab, [Event(0.0, 1, 2, "data", action="break", step=3)])
+
+
+def test_the_step_log_reads_the_step_the_job_is_in(tmp_path: Path):
+    log = tmp_path / "node3.log"
+    progress = StepLog(log)
+    assert progress() == 1  # no log yet: the job is starting
+    with log.open("wb") as fh:
+        fh.write(b"[rank3]: step:  1  loss:  7.9241  grad_norm: 1.2\n[rank3]: step:  2  lo")
+        fh.flush()
+        assert progress() == 2  # step 2's line is still being written
+        fh.write(b"ss:  7.7441\nother text\n")
+        fh.flush()
+        assert progress() == 3
+
+
+@pytest.mark.netlab
+def test_a_step_keyed_break_is_applied_when_the_job_begins_that_step(lab3: Lab, tmp_path: Path):
+    log = tmp_path / "node2.log"
+    log.write_bytes(b"step:  1  loss:  7.9\n")
+    out = io.StringIO()
+    controller = Controller(lab3, [Event(0.0, 1, 2, "data", action="break", step=3)], out, StepLog(log)).start()
+    try:
+        assert not controller.wait(0.5) and breaks(lab3) == []  # still in step 2
+        with log.open("ab") as fh:
+            fh.write(b"step:  2  loss:  7.7\n")
+        assert controller.wait(10.0)
+        assert {(b.a, b.b, b.nic) for b in breaks(lab3)} == {(1, 2, "data"), (2, 1, "data")}
+        assert out.getvalue() == "netlab: schedule: step 3 break 1<->2 on data\n"
+    finally:
+        controller.stop()
