@@ -97,7 +97,7 @@ def test_lab_nic_options_come_first_and_the_users_own_win():
         "--morph.data_ifname", "data", "--morph.host_ifnames", "host", "--training.steps", "3"
     ]  # fmt: skip
     assert with_lab_nics(["--morph.data-ifname=eth9"], two) == [
-        "--morph.host_ifnames", "host,host2", "--morph.data-ifname=eth9"
+        "--morph.host_ifnames", "host", "--morph.data-ifname=eth9"
     ]  # fmt: skip
     assert with_lab_nics(["--morph.host_ifnames", ""], two) == [
         "--morph.data_ifname", "data", "--morph.host_ifnames", ""

@@ -127,7 +127,7 @@ class DelegatePool:
     ``prepare_segment`` readies a segment a receive delegate made; ``releases_pending`` and
     ``poll_releases`` let the reader thread release receive slots whose device copy completed.
     ``interfaces``: ``[morph] host_ifnames``; the delegates' gloo pairs and their store use the
-    first (() = torch's choice, the store on ``MASTER_ADDR``).
+    first (() = torch's choice, the store on ``MASTER_ADDR``); the others are not used yet.
     """
 
     def __init__(
@@ -150,6 +150,13 @@ class DelegatePool:
     ) -> None:
         for name in interfaces:
             check_interface(name, "[morph] host_ifnames")
+        if len(interfaces) > 1 and stage == 0:
+            logger.warning(
+                "titan_morph: [morph] host_ifnames = %r: the delegates use %s only (moving them to the next"
+                " host interface when a path fails is not implemented)",
+                ",".join(interfaces),
+                interfaces[0],
+            )
         self.interfaces = interfaces
         self.stage, self.num_stages, self.where = stage, num_stages, where
         self.k, self.slots, self.timeouts, self.strict = k, slots, timeouts, strict

@@ -7,9 +7,10 @@ supervise``, with one run id and so one run folder.
 
 Which traffic uses which NIC: the rendezvous and the job's c10d store (``MASTER_ADDR``) are on
 node 0's ``host`` address (``store_nic``); the job runs with ``--morph.data_ifname data
---morph.host_ifnames host`` (every host NIC of the lab, in order) unless its own arguments name
-them, so the per-link groups use ``data`` and the delegates, their store and the per-step
-exchange use ``host``; torch's own groups (``GLOO_SOCKET_IFNAME``) stay on ``data``.
+--morph.host_ifnames host`` unless its own arguments name them, so the per-link groups use
+``data`` and the delegates, their store and the per-step exchange use ``host``; torch's own
+groups (``GLOO_SOCKET_IFNAME``) stay on ``data``. ``host2`` (a lab with two host NICs) carries
+what a job names it for: the delegates do not yet move between host NICs.
 
 The console shows the rank that logs the loss, as ``./run_train.sh`` does; every node's output
 and per-rank logs go to ``RUN_FOLDER/netlab/``.
@@ -94,9 +95,10 @@ def parse_shape_spec(spec: str) -> Event:
 
 def with_lab_nics(train_args: list[str], lab: Lab) -> list[str]:
     """``train_args`` behind the lab's NIC options (``[morph] data_ifname = "data"``,
-    ``host_ifnames`` = the lab's host NICs), each left out when ``train_args`` names it itself."""
+    ``host_ifnames = "host"``), each left out when ``train_args`` names it itself. ``lab``: the
+    NICs must exist there (every lab has ``data`` and ``host``)."""
     given = {a[2:].split("=", 1)[0].replace("-", "_") for a in train_args if a.startswith("--")}
-    defaults = {"morph.data_ifname": "data", "morph.host_ifnames": ",".join(lab.nics[1:])}
+    defaults = {"morph.data_ifname": NICS[0], "morph.host_ifnames": lab.nics[1]}
     return [word for key, value in defaults.items() if key not in given for word in (f"--{key}", value)] + train_args
 
 
