@@ -39,7 +39,7 @@ from typing import IO
 from titan_morph.comm.system import SHM_DIR, die_with_parent, segments_in_use, shm_segments
 from titan_morph.integration.supervisor import TRAIN_MODULE
 from titan_morph.netlab.lab import NICS, Lab, LabError, ip, kill_namespace_processes
-from titan_morph.netlab.schedule import Controller, Event, apply, check_events, node_index
+from titan_morph.netlab.schedule import Controller, Event, StepLog, apply, check_events, node_index
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -279,7 +279,8 @@ def run(opts: RunOptions) -> int:
                     pump = threading.Thread(target=_pump, args=(proc.stdout, [sys.stdout.buffer, log]), daemon=True)
                     pump.start()
             if opts.schedule:
-                controller = Controller(lab, opts.schedule).start()
+                progress = StepLog(logs / f"node{shown_node}.log")  # step=N rows: the loss lines
+                controller = Controller(lab, opts.schedule, progress=progress).start()
             code = _wait(opts, lab, agents, signals, logs)
             _save_nic_bytes(lab, logs / NIC_BYTES_FILE)
         if pump is not None:
