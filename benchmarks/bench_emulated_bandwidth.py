@@ -163,8 +163,8 @@ def main() -> None:
         f"Synthetic testbed PP=4, N=24, F=B=W=10 ms; {slow} at {opts.rate:g} Mbit/s with {opts.message_kb:g} KiB"
         f" messages ({tau:.2f} ms each on the wire); median of steps {opts.skip + 1}-{opts.steps}.",
         "",
-        "| schedule | measured (ms) | what | step (ms) | simulated (ms) | runtime prediction (ms) | measured / simulated"
-        " | load |",
+        "| schedule | measured (ms) | what | step (ms) | simulated (ms) | runtime prediction (ms)"
+        " | measured / simulated | load |",
         "|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
