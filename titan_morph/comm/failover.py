@@ -22,6 +22,11 @@ per-link process groups, :mod:`titan_morph.comm.pairs`, possibly under the link 
   messages in the same order (every message of a step is matched within the step), so the new
   path carries the same sequence on both ends, with no message lost, duplicated or reordered.
   A message re-sent over the new path has the same bytes as the original.
+* A default path that stalls instead of failing (a broken data path: a blackholed route raises
+  nothing, its sends may even complete into the local socket buffer) fails the same way: a wait on
+  it that made no progress for a quarter of the ``[comm]`` bound while the peer had posted its side
+  (asked through the store) is the link's failure; a peer that had not posted is busy, not cut off
+  (:mod:`~titan_morph.comm.failover_stall`).
 * After the default path failed, a prober thread per link makes a fresh 2-rank group every
   ``probe_interval_s`` and exchanges a tensor on it (both ranks, results agreed through the
   store). After ``recover_probes`` good probes in a row the link moves back to the default path at
