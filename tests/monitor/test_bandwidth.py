@@ -107,6 +107,15 @@ def test_wandering_delays_are_not_mistaken_for_a_rate():
     assert invented == []
 
 
+def test_one_late_arrival_stamp_does_not_hide_the_rate():
+    rng = random.Random(5)
+    times = [0.0, 0.2, 0.4, 0.6] + [40.0 + 30.0 * k for k in range(4)]  # a warm-up burst of 4, then spaced
+    msgs = wire(SizedLink(0.5, 125.0), times, [262_144] * 8, rng)  # 16.8 ms per message
+    late = [m if m.seq != 2 else WireTiming(m.seq, m.sent, m.arrived + 10.0, m.nbytes) for m in msgs]  # host hiccup
+    got = estimate_wire(late)
+    assert got.identified and got.bandwidth_mbps == pytest.approx(125.0, rel=0.03)
+
+
 def test_a_rate_limited_link_that_never_queued_gives_only_a_lower_bound():
     rng = random.Random(3)
     times = [20.0 * k for k in range(8)]  # one message every 20 ms, each on the wire for 8 ms

@@ -15,8 +15,9 @@ so every message attains one of two lower bounds, and that is what separates the
 
 :func:`estimate_wire` finds the idle floor (the least ``a_k - s_k``), calls a message queued when it
 took more than that floor plus the jitter floor and was accepted before its predecessor arrived,
-and reads the transmit time from the queued messages' arrival gaps (median, inliers only), per
-byte so that messages of several sizes share one rate; then the latency is the idle messages'
+and reads the transmit time from the arrival gaps within runs of back-to-back transmissions
+(median of the pairs' per-byte gaps, inliers only: messages of several sizes share one rate, and
+one late arrival stamp spoils a few pairs, not the estimate); then the latency is the idle messages'
 median of ``a_k - s_k - tau_k``. Gaps that equal the send gap (a latency change looks like that)
 or vanish (a FIFO delay-only link releasing a message held behind a slower one) are not
 transmit samples, and the fit is kept only if it is physical (no message faster than its own
@@ -39,6 +40,7 @@ __all__ = ["WireEstimate", "WireTiming", "estimate_wire", "mbps"]
 
 INLIER_SPREAD = 0.2  # a transmit sample agrees with the median within 20 % (or the jitter floor)
 EXPLAINED = 0.75  # the share of a step's messages the fitted wire must predict
+MAX_SPAN = 8  # transmit samples pair arrivals at most this many messages apart
 
 
 def mbps(nbytes: float, transmit_ms: float) -> float:
@@ -102,21 +104,35 @@ def _median_inliers(values: Sequence[tuple[int, float, float]], floor_ms: float)
 
 def _queued(
     msgs: Sequence[WireTiming], units: Sequence[float], per_unit: float, floor_ms: float
-) -> tuple[float, list[int]] | None:
+) -> tuple[float, set[int]] | None:
     """One pass: the messages that waited behind their predecessor (given the current per-unit
-    transmit estimate, 0 on the first pass) and the per-unit transmit their gaps give."""
+    transmit estimate, 0 on the first pass) and the per-unit transmit their arrivals give.
+
+    Within a run of back-to-back transmissions (a head, then messages that each queued behind the
+    one before) any two arrivals are the transmit times in between apart; every such pair (up to
+    :data:`MAX_SPAN` apart) is a sample, so one late arrival stamp spoils a few of them, not the step.
+    """
     cost = [m.arrived - m.sent - per_unit * u for m, u in zip(msgs, units, strict=True)]
     base = min(cost)
+    waited = [
+        k > 0
+        and msgs[k].seq == msgs[k - 1].seq + 1
+        and cost[k] > base + floor_ms
+        and msgs[k].sent < msgs[k - 1].arrived
+        for k in range(len(msgs))
+    ]  # no known predecessor, no wait, or the wire surely free when it was accepted: not queued
     samples = []
-    for k in range(1, len(msgs)):
-        prev, cur = msgs[k - 1], msgs[k]
-        if cur.seq != prev.seq + 1 or cost[k] <= base + floor_ms or cur.sent >= prev.arrived:
-            continue  # no known predecessor, or it did not wait, or the wire was surely free
-        gap, send_gap = cur.arrived - prev.arrived, cur.sent - prev.sent
-        if gap <= floor_ms or abs(gap - send_gap) <= floor_ms:
-            continue  # a FIFO release or a latency change, not a transmission
-        samples.append((k, gap, units[k]))
-    return _median_inliers(samples, floor_ms)
+    for j in range(len(msgs)):
+        spanned = 0.0
+        for k in range(j + 1, min(len(msgs), j + MAX_SPAN + 1)):
+            if not waited[k]:
+                break
+            spanned += units[k]
+            gap, send_gap = msgs[k].arrived - msgs[j].arrived, msgs[k].sent - msgs[j].sent
+            if gap > floor_ms and abs(gap - send_gap) > floor_ms:  # else a FIFO release or a latency change
+                samples.append((k, gap, spanned))
+    found = _median_inliers(samples, floor_ms)
+    return None if found is None else (found[0], {k for k in range(len(msgs)) if waited[k]})
 
 
 def _explains(
@@ -125,13 +141,14 @@ def _explains(
     """Does the FIFO wire with this latency and transmit time predict the arrivals, within the
     jitter floor, for at least :data:`EXPLAINED` of the messages? A latency that changed within
     the step leaves many unexplained: then the gaps are not a rate."""
-    hits = 0
+    hits, last = 0, math.inf  # last: the predecessor's arrival, the earlier of stamp and prediction
     for k, m in enumerate(msgs):
         tau = per_unit * units[k]
         due = m.sent + latency + tau
         if k and m.seq == msgs[k - 1].seq + 1:
-            due = max(due, msgs[k - 1].arrived + tau)
+            due = max(due, last + tau)  # a late stamp (host jitter) does not spoil its successor
         hits += abs(m.arrived - due) <= max(floor_ms, INLIER_SPREAD * tau)
+        last = min(m.arrived, due)
     return hits >= EXPLAINED * len(msgs)
 
 
@@ -153,8 +170,9 @@ def estimate_wire(timings: Iterable[WireTiming], floor_ms: float = 1.0) -> WireE
         found = _queued(msgs, units, per_unit, floor_ms)
         if found is None:
             break
-        same = set(found[1]) == queued
-        per_unit, queued = found[0], set(found[1])
+        same = found[1] == queued
+        per_unit, queued = found
+
         if same:
             break
     floor_bw = None
