@@ -6,7 +6,7 @@ A link is **congested** in a step when either
   behind earlier messages left out (:mod:`.delays`) -- exceeds the active plan's Eq. 1 tolerance
   by ``margin`` (never below ``floor_ms``, so host jitter on a plan with no slack cannot trigger); or
 * its measured transmit time (:mod:`.bandwidth`) exceeds the wire time per message the plan can
-  absorb by ``margin``. That capacity is a simple bound, not the simulator: the pipeline completes
+  absorb by ``margin`` (and ``floor_ms``). That capacity is a simple bound, not the simulator: the pipeline completes
   at most one microbatch per period (the busiest rank's F + B + W per microbatch), and each
   direction of a link carries one message per microbatch for each hop it joins (two in the V), so
   the wire keeps pace while transmit <= period / hops; beyond it the backlog grows by the
@@ -169,7 +169,7 @@ class Detector:
             threshold = rule.slow_threshold(tolerance_ms[i])
             cap = capacity_ms[i] if capacity_ms is not None else math.inf
             slow_delay = delay is not None and delay > threshold
-            slow_wire = tau is not None and tau > cap * (1.0 + rule.margin)
+            slow_wire = tau is not None and tau > max(cap * (1.0 + rule.margin), rule.floor_ms)
             state.over = state.over + 1 if slow_delay or slow_wire else 0
             why = (
                 f"delay {delay:.1f} ms > {threshold:.1f} ms"
