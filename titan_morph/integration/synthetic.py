@@ -4,7 +4,9 @@ With ``[morph.synthetic] enabled = true`` every stage's F, I and W are padded to
 times (``titan_morph.runtime.testbed``); the model itself only has to be small, so that real compute
 stays well below the pads, and to send ``hidden``-wide activations between stages. This flavor
 takes its width from ``[morph.synthetic] hidden`` and one transformer layer per pipeline stage
-(two per rank for a multi-stage schedule, e.g. the V).
+(two per rank for a multi-stage schedule, e.g. the V). ``[morph.synthetic] message_kb`` sets the
+size of the messages between stages independently of the width: the stages' sends are padded
+(``titan_morph.runtime.testbed.pad_stage_messages``, applied with the compute pads).
 """
 
 from dataclasses import dataclass

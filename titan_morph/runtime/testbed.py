@@ -34,6 +34,12 @@ probe, installed once). The device clock never starts an op before the previous 
 or shortens an op below its real compute time; a host slower than the device still shows up.
 A process running several stages (the V) pads all of them on one device clock: one device runs
 them all, one op at a time.
+
+Message size. :func:`pad_stage_messages` makes every inter-stage message a fixed number of bytes
+(``[morph.synthetic] message_kb``), whatever the model's width: the activations travel with a zero
+tensor beside them, which the next stage drops (its gradient, zeros, comes back the same way), so
+losses and gradients are those of the unpadded model and only the link's load changes, the way a
+bandwidth study needs it.
 """
 
 from __future__ import annotations
