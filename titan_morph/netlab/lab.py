@@ -9,7 +9,7 @@ Layout (every object is named with the lab's prefix, ``tmlab`` by default):
 * ``PREFIX-nI`` (I = 0..K-1): a node with loopback up and NICs named alike on every node:
   ``data`` (198.18.1.(10+I)/24, the pipeline's default path), ``host`` (198.18.2.(10+I)/24,
   delegates and control plane) and, with ``host_nics = 2``, ``host2`` (198.18.3.(10+I)/24, a
-  second host NIC on its own bridge, for the delegates' failover across host NICs, paper §5.3).
+  second host NIC on its own bridge, to show failover across host NICs, paper §5.3).
   Addresses come from 198.18.0.0/15 (benchmarking range) only.
 """
 
