@@ -50,7 +50,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
 from titan_morph.comm.delegate import DelegateTransport
-from titan_morph.comm.failover_probe import PROBE_TIMEOUT_S, Prober
+from titan_morph.comm.failover_probe import PROBE_JOIN_S, Prober
 from titan_morph.comm.failover_resend import Message, Recv, Resender
 from titan_morph.comm.failover_router import PATH_ERRORS, Router
 from titan_morph.comm.failover_stall import STALL_FRACTION, StallWatch
@@ -82,7 +82,7 @@ class FailoverTransport(Transport):
     """
 
     name = "auto"
-    exit_timeout_s = 2.0  # bound of the close at interpreter exit (a prober inside a probe: PROBE_TIMEOUT_S)
+    exit_timeout_s = 2.0  # bound of the close at interpreter exit (a prober inside a probe: PROBE_JOIN_S)
 
     def __init__(
         self,
@@ -255,7 +255,7 @@ class FailoverTransport(Transport):
             if t is not threading.current_thread():
                 # a prober may be inside one probe's group creation (C++, bounded): let it finish, so
                 # that no thread is inside torch.distributed when the process groups are destroyed
-                t.join(PROBE_TIMEOUT_S + 1.0 if t.name.startswith("titan_morph-probe") else 2.0)
+                t.join(PROBE_JOIN_S if t.name.startswith("titan_morph-probe") else 2.0)
 
     def __enter__(self) -> FailoverTransport:
         return self

@@ -22,10 +22,14 @@ from titan_morph.comm.records import MessageBook
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PROBE_TIMEOUT_S", "Prober"]
+__all__ = ["PROBE_JOIN_S", "PROBE_TIMEOUT_S", "Prober"]
 
 # bound of each of a probe's two waits: making the group and exchanging on it; the peer's verdict
 PROBE_TIMEOUT_S = 5.0
+# how long a closing transport waits for a prober inside a group's creation (C++: a thread caught
+# there at interpreter exit aborts the process). Over a broken path the creation waits for the
+# peer's address in the store, then for the connection, each up to PROBE_TIMEOUT_S.
+PROBE_JOIN_S = 2 * PROBE_TIMEOUT_S + 1.0
 
 
 class Prober:
