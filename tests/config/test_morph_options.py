@@ -381,3 +381,10 @@ def test_the_step_window_and_direction_apply_to_transmit_times_too():
     assert windowed.transmit_ms(1, "bwd", step=3) == 0.0  # the other direction
     assert windowed.transmit_ms(1, "fwd", step=1) == windowed.transmit_ms(1, "fwd", step=5) == 0.0  # outside
     assert windowed.transmit_snapshot(step=3) == (0.0, 7.0)
+
+
+def test_host_ifnames_takes_one_interface() -> None:
+    morph = Morph(host_ifnames="host")
+    assert resolve_morph(morph).host_interfaces == ("host",)
+    with pytest.raises(ConfigError, match=r"^morph.host_ifnames: .*more than one interface: give one"):
+        resolve_morph(Morph(host_ifnames="host,host2"))

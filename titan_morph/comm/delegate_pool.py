@@ -150,13 +150,6 @@ class DelegatePool:
     ) -> None:
         for name in interfaces:
             check_interface(name, "[morph] host_ifnames")
-        if len(interfaces) > 1 and stage == 0:
-            logger.warning(
-                "titan_morph: [morph] host_ifnames = %r: the delegates use %s only (moving them to the next"
-                " host interface when a path fails is not implemented)",
-                ",".join(interfaces),
-                interfaces[0],
-            )
         self.interfaces = interfaces
         self.stage, self.num_stages, self.where = stage, num_stages, where
         self.k, self.slots, self.timeouts, self.strict = k, slots, timeouts, strict

@@ -190,6 +190,13 @@ def check_morph(morph: MorphSettings, layout: Layout, world: int | None) -> None
     """``[morph]`` within itself, for the pipeline ``layout`` (parts of it may be unknown)."""
     _check_rank_links(morph.inject, world)
     _check_budgets(morph, layout.stages or 1)
+    if len(morph.host_interfaces) > 1:
+        raise fail(
+            "morph.host_ifnames",
+            morph.host_ifnames,
+            "names more than one interface: give one (moving the delegates and the control plane to a "
+            "second host interface when the first fails is not available)",
+        )
     if morph.adapt and not morph.monitor:
         raise fail("morph.adapt", morph.adapt, "needs morph.monitor = true (adaptation acts on the monitor's data)")
     if morph.plan_delays_std_ms:

@@ -264,9 +264,9 @@ class Morph:
     NCCL's RNIC is), e.g. "data"; "" = torch's choice (``GLOO_SOCKET_IFNAME`` or the hostname's)."""
 
     host_ifnames: str = ""
-    """Network interfaces of the host-side traffic: delegates, the per-step exchange and the store,
-    comma-separated in order of preference, e.g. "host,host2"; delegates move to the next one when
-    a path over the current one fails (§5.3). "" = torch's choice."""
+    """Network interface of the host-side traffic: delegates, the per-step exchange and the store,
+    e.g. "host" (the paper's CPU-side NIC, §5); one name for now (the field takes a comma-separated
+    list so that failing over to a second host NIC can come without renaming it). "" = torch's choice."""
 
     inject: Inject = field(default_factory=Inject)
     synthetic: Synthetic = field(default_factory=Synthetic)
