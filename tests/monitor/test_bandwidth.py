@@ -107,6 +107,21 @@ def test_wandering_delays_are_not_mistaken_for_a_rate():
     assert invented == []
 
 
+def test_a_delay_only_link_with_a_bounded_queue_has_no_rate():
+    """A depth-limited transport (NCCL-like) delivers d messages per latency: its senders block
+    before acceptance, not on a wire, so arrivals bunch without any message queueing on the link."""
+    invented = []
+    for seed in range(150):
+        rng = random.Random(seed)
+        latency, depth = rng.choice([20.0, 40.0, 60.0]), rng.choice([1, 2, 3])
+        times = [10.0 * k for k in range(rng.choice([4, 8, 12]))] + [200.0 + 30.0 * k for k in range(8)]
+        msgs = wire(SizedLink(latency, 0.0), times, [262_144] * len(times), rng, jitter_ms=2.0, depth=depth)
+        got = estimate_wire(msgs)
+        if got.identified:
+            invented.append((seed, got.transmit_ms))
+    assert invented == []
+
+
 def test_one_late_arrival_stamp_does_not_hide_the_rate():
     rng = random.Random(5)
     times = [0.0, 0.2, 0.4, 0.6] + [40.0 + 30.0 * k for k in range(4)]  # a warm-up burst of 4, then spaced

@@ -103,24 +103,26 @@ def _median_inliers(values: Sequence[tuple[int, float, float]], floor_ms: float)
 
 
 def _queued(
-    msgs: Sequence[WireTiming], units: Sequence[float], per_unit: float, floor_ms: float
+    msgs: Sequence[WireTiming], units: Sequence[float], fit: tuple[float, float], floor_ms: float
 ) -> tuple[float, set[int]] | None:
-    """One pass: the messages that waited behind their predecessor (given the current per-unit
-    transmit estimate, 0 on the first pass) and the per-unit transmit their arrivals give.
+    """One pass: the messages that waited behind their predecessor and the per-unit transmit
+    their arrivals give, under the previous pass's ``fit`` (per-unit transmit, latency; 0, 0 at first).
 
-    Within a run of back-to-back transmissions (a head, then messages that each queued behind the
-    one before) any two arrivals are the transmit times in between apart; every such pair (up to
-    :data:`MAX_SPAN` apart) is a sample, so one late arrival stamp spoils a few of them, not the step.
+    A message queued when it took longer than the idle floor and was accepted before its
+    predecessor left the wire (its arrival less the latency); both by more than the jitter floor
+    and a fifth of the fitted transmit time, so jitter on a delay-only link makes no queue. Within
+    a run of back-to-back transmissions (a head, then messages that each queued behind the one
+    before) any two arrivals are the transmit times in between apart; every such pair (up to
+    :data:`MAX_SPAN` apart) whose gap is not the send gap is a sample, so one late arrival stamp
+    spoils a few of them, not the step.
     """
+    per_unit, latency = fit
     cost = [m.arrived - m.sent - per_unit * u for m, u in zip(msgs, units, strict=True)]
     base = min(cost)
-    waited = [
-        k > 0
-        and msgs[k].seq == msgs[k - 1].seq + 1
-        and cost[k] > base + floor_ms
-        and msgs[k].sent < msgs[k - 1].arrived
-        for k in range(len(msgs))
-    ]  # no known predecessor, no wait, or the wire surely free when it was accepted: not queued
+    waited = [False] * len(msgs)
+    for k in range(1, len(msgs)):
+        prev, cur, slack = msgs[k - 1], msgs[k], max(floor_ms, INLIER_SPREAD * per_unit * units[k])
+        waited[k] = cur.seq == prev.seq + 1 and cost[k] > base + slack and cur.sent < prev.arrived - latency - slack
     samples = []
     for j in range(len(msgs)):
         spanned = 0.0
@@ -129,10 +131,17 @@ def _queued(
                 break
             spanned += units[k]
             gap, send_gap = msgs[k].arrived - msgs[j].arrived, msgs[k].sent - msgs[j].sent
-            if gap > floor_ms and abs(gap - send_gap) > floor_ms:  # else a FIFO release or a latency change
-                samples.append((k, gap, spanned))
+            if gap > floor_ms and abs(gap - send_gap) > max(floor_ms, INLIER_SPREAD * gap):
+                samples.append((k, gap, spanned))  # else a FIFO release, or a latency change
     found = _median_inliers(samples, floor_ms)
     return None if found is None else (found[0], {k for k in range(len(msgs)) if waited[k]})
+
+
+def _latency(net: Sequence[float], queued: set[int], floor_ms: float) -> float:
+    """The idle messages' median cost net of their own transmit time (>= 0)."""
+    base = min(net)
+    idle = [x for k, x in enumerate(net) if k not in queued and x <= base + floor_ms] or [base]
+    return max(0.0, statistics.median(idle))
 
 
 def _explains(
@@ -165,14 +174,17 @@ def estimate_wire(timings: Iterable[WireTiming], floor_ms: float = 1.0) -> WireE
         return WireEstimate()
     sized = all(m.nbytes > 0 for m in msgs)
     units = [float(m.nbytes) if sized else 1.0 for m in msgs]
-    per_unit, queued = 0.0, set[int]()
-    for _ in range(3):  # later passes measure idle costs net of each message's own transmit time
-        found = _queued(msgs, units, per_unit, floor_ms)
+    per_unit, latency, queued = 0.0, 0.0, set[int]()
+    for _ in range(4):  # each pass re-selects the queued messages under the last fit
+        found = _queued(msgs, units, (per_unit, latency), floor_ms)
         if found is None:
+            queued = set()
             break
         same = found[1] == queued
         per_unit, queued = found
-
+        latency = _latency(
+            [m.arrived - m.sent - per_unit * u for m, u in zip(msgs, units, strict=True)], queued, floor_ms
+        )
         if same:
             break
     floor_bw = None
@@ -182,12 +194,8 @@ def estimate_wire(timings: Iterable[WireTiming], floor_ms: float = 1.0) -> WireE
     unidentified = WireEstimate(len(msgs), 0, statistics.median(costs), None, None, floor_bw, costs)
     if not queued:
         return unidentified
-    net = [m.arrived - m.sent - per_unit * u for m, u in zip(msgs, units, strict=True)]
-    base = min(net)
-    if base < -floor_ms:  # a message arrived sooner than its own transmit time: the gaps are no rate
-        return unidentified
-    idle = [x for k, x in enumerate(net) if k not in queued and x <= base + floor_ms] or [base]
-    latency = max(0.0, statistics.median(idle))
+    if min(m.arrived - m.sent - per_unit * u for m, u in zip(msgs, units, strict=True)) < -floor_ms:
+        return unidentified  # a message arrived sooner than its own transmit time: the gaps are no rate
     if not _explains(msgs, units, per_unit, latency, floor_ms):
         return unidentified
     # Queued, by the fitted wire: accepted while the predecessor was still on it (the samples
