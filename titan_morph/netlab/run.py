@@ -9,7 +9,9 @@ Which traffic uses which NIC: the rendezvous and the job's c10d store (``MASTER_
 node 0's ``host`` address (``store_nic``); the job runs with ``--morph.data_ifname data
 --morph.host_ifnames host`` unless its own arguments name them, so the per-link groups use
 ``data`` and the delegates, their store and the per-step exchange use ``host``; torch's own
-groups (``GLOO_SOCKET_IFNAME``) stay on ``data``. ``host2`` (a lab with two host NICs) carries
+groups (``GLOO_SOCKET_IFNAME``: TorchTitan's collectives, e.g. the grad-norm all-reduce across the
+pipeline, which no failover covers) use ``host`` too, so a broken ``data`` path meets only the
+pipeline's default path, which ``auto`` routes around. ``host2`` (a lab with two host NICs) carries
 what a job names it for: the delegates do not yet move between host NICs.
 
 The console shows the rank that logs the loss, as ``./run_train.sh`` does; every node's output
@@ -79,6 +81,11 @@ class RunOptions:
     host_nics: int = 1
     """Host NICs per node (2: ``host2`` as well, for failover across host NICs)."""
     python: str = sys.executable
+    keep_lab: bool = False
+    """Run on the lab that is up (made by the caller, with no job's processes in it) and leave it up
+    afterwards, its processes stopped: for several jobs on one lab (``netlab compare``)."""
+    quiet: bool = False
+    """The shown node's output goes to its log only, not to the console."""
 
 
 def parse_shape_spec(spec: str) -> Event:
@@ -249,7 +256,7 @@ def run(opts: RunOptions) -> int:
         f"showing rank {loss_rank} (node {shown_node}); node logs in {logs}"
     )
     env = dict(os.environ)
-    env.update(TITAN_MORPH_RUN_ID=run_id, GLOO_SOCKET_IFNAME="data", TP_SOCKET_IFNAME="data")
+    env.update(TITAN_MORPH_RUN_ID=run_id, GLOO_SOCKET_IFNAME=NICS[1], TP_SOCKET_IFNAME=NICS[1])
     env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets for several ranks per host
     segments_before = shm_segments()
     agents: list[subprocess.Popen[bytes]] = []
@@ -257,7 +264,8 @@ def run(opts: RunOptions) -> int:
     pump: threading.Thread | None = None
     controller: Controller | None = None
     try:
-        lab.up()
+        if not opts.keep_lab:
+            lab.up()
         for e in opts.shapes:
             apply(lab, e)
             _say(f"shaped {e.src}->{e.dst} on {e.nic}: {e.rate_mbit:g} mbit")
@@ -276,7 +284,8 @@ def run(opts: RunOptions) -> int:
                 )
                 agents.append(proc)
                 if proc.stdout is not None:
-                    pump = threading.Thread(target=_pump, args=(proc.stdout, [sys.stdout.buffer, log]), daemon=True)
+                    copies = [log] if opts.quiet else [sys.stdout.buffer, log]
+                    pump = threading.Thread(target=_pump, args=(proc.stdout, copies), daemon=True)
                     pump.start()
             if opts.schedule:
                 progress = StepLog(logs / f"node{shown_node}.log")  # step=N rows: the loss lines
@@ -293,11 +302,12 @@ def run(opts: RunOptions) -> int:
         for proc in agents:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5.0)
-        lab.down()
+        if not opts.keep_lab:
+            lab.down()
         for fh in files:
             fh.close()
         _remove_new_segments(segments_before)
-        _say(f"lab {opts.prefix} removed; node logs in {logs}")
+        _say(f"lab {opts.prefix} {'kept' if opts.keep_lab else 'removed'}; node logs in {logs}")
 
 
 def _wait(opts: RunOptions, lab: Lab, agents: list[subprocess.Popen[bytes]], signals: _Signals, logs: Path) -> int:
