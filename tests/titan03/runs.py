@@ -14,9 +14,13 @@ QUICK = ("--training.seq_len", "32", "--metrics.log_freq", "1")
 """Short sequences keep a 4-rank launch of the debug model at ~30 s on two CPU cores."""
 
 
-def train(folder: Path, *overrides: str, config: str = "debug_cpu", timeout_s: float = 300) -> RunResult:
-    """``launcher run CONFIG --dump_folder FOLDER *overrides`` (all ranks' output kept)."""
-    cmd = [sys.executable, "-m", LAUNCHER, "run", config, "--dump_folder", str(folder), *QUICK, *overrides]
+def train(
+    folder: Path, *overrides: str, config: str = "debug_cpu", timeout_s: float = 300, log_rank: str = ""
+) -> RunResult:
+    """``launcher run CONFIG --dump_folder FOLDER *overrides``; ``log_rank``: the ranks whose output is
+    kept (the launcher's default: the last one, which logs the loss)."""
+    shown = ["--log-rank", log_rank] if log_rank else []
+    cmd = [sys.executable, "-m", LAUNCHER, "run", *shown, config, "--dump_folder", str(folder), *QUICK, *overrides]
     return launch(cmd, folder, timeout_s=timeout_s)
 
 

@@ -23,8 +23,9 @@ SMALL = ("--training.seq_len", "16", "--training.local_batch_size", "4")
 """4 microbatches of 16 tokens per pipeline: two launches stay near a minute on two CPU cores."""
 
 
-def _hybrid(folder: Path, steps: int, *overrides: str, timeout_s: float = 300) -> RunResult:
-    return train(folder, "--training.steps", str(steps), *SMALL, *overrides, config="hybrid_cpu", timeout_s=timeout_s)
+def _hybrid(folder: Path, steps: int, *overrides: str, timeout_s: float = 300, log_rank: str = "") -> RunResult:
+    args = ("--training.steps", str(steps), *SMALL, *overrides)
+    return train(folder, *args, config="hybrid_cpu", timeout_s=timeout_s, log_rank=log_rank)
 
 
 def _assert_close(got: dict[int, float], ref: dict[int, float], rel: float, what: str) -> None:
@@ -51,7 +52,9 @@ def test_dp_x_pp_pipemorph_matches_1f1b(tmp_path: Path, no_leftovers) -> None:
 def test_slow_dp_pair_is_moved_and_losses_equal_the_undisturbed_run(tmp_path: Path, no_leftovers) -> None:
     steps = 5
     slow = ("--morph.inject.mode", "static", "--morph.inject.rank_links", "0-1", "--morph.inject.delays_ms", "40")
-    result = _hybrid(tmp_path / "moved", steps, *slow, "--morph.detect_consecutive", "2", timeout_s=400)
+    # ranks 0 and 2 form pipeline 0 after the move (hosts 0 and 1): rank 0 logs its known slow link
+    moved = (*slow, "--morph.detect_consecutive", "2")
+    result = _hybrid(tmp_path / "moved", steps, *moved, timeout_s=400, log_rank="0,3")
     out = result.output
     assert "relaunching after step 2 with the host of each rank [0, 2, 1, 3]" in out, result.tail(80)
     assert "[[0, 1], [2, 3]] -> [[0, 2], [1, 3]] (pair 0-1: stage 0's DP group -> link 0 of pipeline 0)" in out
