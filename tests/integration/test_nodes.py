@@ -134,7 +134,7 @@ def test_bad_variables_are_one_error_naming_them(case):
 def test_the_launcher_execs_torchrun_as_one_node(monkeypatch, capsys):
     """The whole check-and-exec path of ``./run_train.sh`` with NGPU=2 on node 1 of 2; the exec is
     caught to read the command it would run."""
-    for name in (*NODE_VARIABLES, "TITAN_MORPH_RUN_ID"):
+    for name in (*NODE_VARIABLES, "TITAN_MORPH_RUN_ID", "LOG_RANK"):
         monkeypatch.delenv(name, raising=False)
     for name, value in {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29611"}.items():
         monkeypatch.setenv(name, value)
@@ -158,6 +158,7 @@ def test_the_launcher_execs_torchrun_as_one_node(monkeypatch, capsys):
         ]
     ]  # fmt: skip
     assert os.environ["TITAN_MORPH_RUN_ID"].endswith("-127.0.0.1-29611")
+    assert os.environ["LOG_RANK"] == "3"  # the job's loss rank, for TorchTitan's check on the ranks
     # LOG_RANK names ranks of the whole job; NNODES must split the config's ranks when NGPU is unset
     assert launcher.main(["run", "--log-rank", "4", config]) == 2
     monkeypatch.setenv("NNODES", "3")
@@ -267,6 +268,7 @@ def test_two_nodes_on_loopback_train_with_the_losses_of_one_node(tmp_path):
     losses = {int(step): float(loss) for step, loss in LOSS_RE.findall(out1)}
     assert [losses.get(step) for step in (1, 2, 3)] == ONE_NODE_LOSSES, out1[-3000:]
     assert not LOSS_RE.search(out0) and "showing no rank here; node 0 of 2" in out0
+    assert "loss is not visible" not in out1  # LOG_RANK names the job's loss rank for TorchTitan
     run_ids = [re.search(r"run id (\S+),", out).group(1) for out in (out0, out1)]  # type: ignore[union-attr]
     assert run_ids[0] == run_ids[1], run_ids
     deadline = time.monotonic() + 5
