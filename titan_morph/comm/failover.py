@@ -255,7 +255,8 @@ class FailoverTransport(Transport):
             if t is not threading.current_thread():
                 # a prober may be inside one probe's group creation (C++, bounded): let it finish, so
                 # that no thread is inside torch.distributed when the process groups are destroyed
-                t.join(PROBE_JOIN_S if t.name.startswith("titan_morph-probe") else 2.0)
+                probe = t.name.startswith("titan_morph-probe")
+                t.join(max(PROBE_JOIN_S, self.timeouts.train_s) if probe else 2.0)
 
     def __enter__(self) -> FailoverTransport:
         return self

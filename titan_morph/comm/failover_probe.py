@@ -26,9 +26,11 @@ __all__ = ["PROBE_JOIN_S", "PROBE_TIMEOUT_S", "Prober"]
 
 # bound of each of a probe's two waits: making the group and exchanging on it; the peer's verdict
 PROBE_TIMEOUT_S = 5.0
-# how long a closing transport waits for a prober inside a group's creation (C++: a thread caught
-# there at interpreter exit aborts the process). Over a broken path the creation waits for the
-# peer's address in the store, then for the connection, each up to PROBE_TIMEOUT_S.
+# how long a closing transport waits at least for a prober inside a group's creation (C++: a thread
+# caught there at interpreter exit aborts the process): the creation waits for the peer's address in
+# the store, then for the connection, each up to PROBE_TIMEOUT_S. Over a blackholed route gloo's
+# connect overruns its timeout (15 s and more were seen, with SYN retries): the transport then waits
+# up to the [comm] train timeout.
 PROBE_JOIN_S = 2 * PROBE_TIMEOUT_S + 1.0
 
 
