@@ -7,6 +7,11 @@
 # Extra arguments are TorchTitan/titan_morph overrides (--section.key value; booleans take a value:
 # --morph.monitor false; lists are comma-separated: --morph.inject.delays_ms 0,0,60).
 #
+# Several machines: with NNODES > 1 this is one node of the job, from torchrun's variables:
+#   NNODES=2 NODE_RANK=0 MASTER_ADDR=node0 [MASTER_PORT=29500] NGPU=4 ./run_train.sh   (static rendezvous)
+#   NNODES=2 RDZV_ENDPOINT=node0:29400 [RDZV_ID=exp1] [RDZV_BACKEND=c10d] NGPU=4 ./run_train.sh
+# NGPU is then this node's ranks (NNODES x NGPU = the config's); README "More than one machine".
+#
 # The configuration (TOML + overrides) is checked before any rank starts: a bad value is one line
 # "error: <key>: ..." on stderr and exit code 2. Ctrl-C stops every rank; nothing is left behind.
 #
