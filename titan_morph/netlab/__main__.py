@@ -12,6 +12,9 @@
   run --nodes K --ranks-per-node R [--shape A-B:NIC:RATE]... [--schedule FILE] [--store-nic NIC]
       [--host-nics 2] [--timeout-s S] -- TRAIN ARGS   ./run_train.sh across the nodes (CONFIG_FILE
       as there; the pipeline's default path on data, delegates, exchange and store on host)
+  compare --nodes K --ranks-per-node R [--shape A-B:NIC:RATE]... [--schedule FILE]
+      [--variants 1F1B,ZBH2,PipeMorph] [--steps N] [--logdir D] [--name N] -- TRAIN ARGS
+      every variant in turn on one lab under the same limits; compare's tables (netlab.compare)
 
 Every command takes --prefix P (default tmlab), the name every lab object starts with. Errors are
 one line ``error: ...`` and exit code 2; ``run`` exits with the job's code.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from titan_morph.netlab.lab import (
     DEFAULT_PREFIX,
@@ -83,6 +87,20 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--store-nic", choices=NICS, default="host", help="NIC of the rendezvous and c10d store")
     c.add_argument("--host-nics", type=int, default=1, help=host_nics)
     c.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then ./run_train.sh arguments")
+    c = command("compare", "run compare's variants in turn on one shaped lab")
+    c.add_argument("--nodes", type=int, required=True)
+    c.add_argument("--ranks-per-node", type=int, required=True)
+    c.add_argument("--shape", action="append", default=[], help="A-B:NIC:RATE, limit from each job's start")
+    c.add_argument("--schedule", help="CSV time_s,from,to,nic,rate_mbit (restarted with each job)")
+    c.add_argument("--variants", default="1F1B,ZBH2,PipeMorph", help="compare's variants, comma-separated")
+    c.add_argument("--steps", type=int, default=12)
+    c.add_argument("--skip-warmup", type=int, help="steps left out of the medians")
+    c.add_argument("--logdir", default="outputs/netlab_compare", help="log folder (one sub-folder per comparison)")
+    c.add_argument("--name", default="lab", help="this comparison's sub-folder and title")
+    c.add_argument("--base-latency-ms", type=float, default=0.0, help="per-message latency of the simulated links")
+    c.add_argument("--timeout-s", type=float, help="seconds per job")
+    c.add_argument("--host-nics", type=int, default=1, help=host_nics)
+    c.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then overrides for every job")
     return p
 
 
@@ -106,6 +124,37 @@ def _status(lab: Lab) -> None:
     print("broken paths:" + ("" if broken else " none"))
     for a, b, nic in sorted(broken):
         print(f"  {a} <-> {b} on {nic}")
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from titan_morph.compare.configs import ComparisonError
+    from titan_morph.compare.variants import UnknownVariantError, parse_variants
+    from titan_morph.netlab.compare import CompareOptions, compare, shell_command
+    from titan_morph.netlab.run import parse_shape_spec
+
+    try:
+        opts = CompareOptions(
+            nodes=args.nodes,
+            ranks_per_node=args.ranks_per_node,
+            variants=parse_variants(args.variants),
+            shapes=[parse_shape_spec(s) for s in args.shape],
+            schedule=read_schedule(args.schedule) if args.schedule else [],
+            steps=args.steps,
+            skip=args.skip_warmup,
+            train_args=args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args,
+            logdir=Path(args.logdir),
+            name=args.name,
+            base_latency_ms=args.base_latency_ms,
+            prefix=args.prefix,
+            timeout_s=args.timeout_s,
+            host_nics=args.host_nics,
+            command=shell_command(sys.argv[1:]),
+        )
+        markdown, _ = compare(opts)
+    except (ComparisonError, UnknownVariantError) as err:
+        raise LabError(str(err)) from None
+    print(markdown)
+    return 0
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -142,6 +191,8 @@ def _main(args: argparse.Namespace) -> int:
             host_nics=args.host_nics,
         )
         return run(opts)
+    if args.command == "compare":
+        return _compare(args)
     lab = Lab.existing(args.prefix)
     if args.command == "status":
         _status(lab)

@@ -1,0 +1,283 @@
+"""Real congestion on the lab: 1F1B, ZBH2 and PipeMorph side by side under a kernel rate limit.
+
+The synthetic testbed (``train_configs/synthetic_cpu.toml``: PP=4, N=24, F=B=W=10 ms) on a netlab
+of 4 nodes x 1 rank, one job per variant on one lab (``netlab compare``). Link 2 (nodes 2 <-> 3)
+is limited by ``tc`` (htb) to ``--rate`` Mbit/s in both directions on both NICs (``data``: the
+per-link groups; ``host``: the delegates, and torch's own groups, which carry the default
+transport of torch's schedules), so every transport of that link crosses the same limit and only
+head-of-line blocking differs between them. Messages are ``[morph.synthetic] message_kb``: with
+64 KiB at 20 Mbit/s one message takes 26 ms on the wire (2.6 forwards) and the link's 24 messages
+per direction and step (629 ms) still fit in a step.
+
+Comparisons (each one ``netlab compare`` folder under ``--logdir``):
+
+* ``unshaped``: ZBH2 and PipeMorph without limits: each one's own unshaped time, and the base
+  latency per message (the monitor's ``morph/delay_ms`` median over the links) the simulated
+  links carry;
+* ``shaped``: 1F1B, ZBH2, PipeMorph under the limit from the first step. PipeMorph's initial plan
+  knows nothing of the limit (no emulated links): the monitor detects the slow link, re-plans for
+  its measured latency and transmit time and delegates it (``transport = auto``, ``adapt``);
+* ``shaped-delegate``: ZBH2 with ``--morph.transport delegate`` under the same limit (the
+  head-of-line cost of the blocking default path, the paper's Fig. 15 gap);
+* ``trace``: ZBH2 and PipeMorph under netlab schedule rows that change the rate during the run
+  (by training step).
+
+Printed: measured step time (``morph/pipeline_ms`` for titan_morph's schedules, TorchTitan's step
+time for torch's 1F1B; medians after warm-up), the simulator's prediction on the link model of
+the limit (transmit = bytes x 8 / rate, plus the measured base latency) and measured / simulated,
+ZBH2 / PipeMorph, PipeMorph shaped / unshaped, ``morph/bound_ms``, the monitor's per-message delay
+and bandwidth estimate against size / rate, the steps until the link was detected slow, ZBH2
+default / delegate, the trace's per-phase times, and a TCP transfer over the limited path.
+
+    .venv/bin/python benchmarks/bench_netlab_congestion.py [--rate 20] [--message-kb 64] [--steps 16]
+        [--logdir outputs/netlab_congestion] [--report-only]
+
+Needs root (network namespaces). Not a test: timings depend on the host's load (run it with
+``uptime`` load < 3; rerun rather than tune).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from bench_emulated_bandwidth import CONFIG  # the same testbed as the emulated-bandwidth benchmark
+
+from titan_morph.compare.results import PIPELINE_TAG, STEP_TIME_TAG, read_scalars
+from titan_morph.compare.variants import parse_variants
+from titan_morph.netlab.compare import CompareOptions, compare
+from titan_morph.netlab.lab import Lab
+from titan_morph.netlab.run import parse_shape_spec
+from titan_morph.netlab.schedule import Event
+from titan_morph.netlab.shape import shape, unshape
+from titan_morph.netlab.transfer import measure
+
+LINK = 2
+NODES = 4
+PREFIX = "tmcong"
+
+
+def _limits(rate: float) -> list[Event]:
+    a, b = LINK, LINK + 1
+    return [parse_shape_spec(f"{x}-{y}:{nic}:{rate:g}") for nic in ("data", "host") for x, y in ((a, b), (b, a))]
+
+
+def _trace(rates: list[tuple[int, float]]) -> list[Event]:
+    """Rows at training steps: every path of the limited link set to the rate (0 = none)."""
+    a, b = LINK, LINK + 1
+    return [
+        Event(0.0, x, y, nic, rate, step=step)
+        for step, rate in rates
+        for nic in ("data", "host")
+        for x, y in ((a, b), (b, a))
+    ]
+
+
+def _median(values: dict[int, float], first: int, last: int | None = None) -> float | None:
+    kept = [v for s, v in values.items() if s >= first and (last is None or s <= last)]
+    return statistics.median(kept) if kept else None
+
+
+def _measured(scalars: dict[str, dict[int, float]], first: int, last: int | None = None) -> tuple[float | None, str]:
+    """The pipeline's span where the schedule reports it (titan_morph's), else the whole step."""
+    if PIPELINE_TAG in scalars:
+        return _median(scalars[PIPELINE_TAG], first, last), "pipeline"
+    step = {s: v * 1e3 for s, v in scalars.get(STEP_TIME_TAG, {}).items()}
+    return _median(step, first, last), "step"
+
+
+def _detected(scalars: dict[str, dict[int, float]], since: int) -> int | None:
+    """Steps from ``since`` until ``morph/straggling/link<LINK>`` first reads 1 (1 = that step)."""
+    flags = scalars.get(f"morph/straggling/link{LINK}", {})
+    hits = sorted(s for s, v in flags.items() if s >= since and v > 0.5)
+    return hits[0] - since + 1 if hits else None
+
+
+def _run(opts: argparse.Namespace, logdir: Path, base_latency: float, tcp: dict[str, float]) -> None:
+    """The four comparisons, one lab each."""
+    os.environ["CONFIG_FILE"] = str(CONFIG)
+    common = ["--morph.synthetic.message_kb", f"{opts.message_kb:g}"]
+
+    def lab_compare(name: str, variants: str, shapes: list[Event], schedule: list[Event], extra: list[str]) -> None:
+        def on_lab(lab: Lab) -> None:
+            if name == "shaped":  # the limit as TCP sees it, once
+                shape(lab, LINK, LINK + 1, "data", opts.rate)
+                nbytes = 2 * 2**20
+                tcp["seconds"] = measure(lab, LINK, LINK + 1, "data", nbytes, 60.0)
+                tcp["mbit"] = nbytes * 8 / tcp["seconds"] / 1e6
+                unshape(lab, LINK, LINK + 1, "data")
+
+        copts = CompareOptions(
+            nodes=NODES,
+            ranks_per_node=1,
+            variants=parse_variants(variants),
+            shapes=shapes,
+            schedule=schedule,
+            steps=opts.steps,
+            skip=opts.skip,
+            train_args=[*common, *extra],
+            logdir=logdir,
+            name=name,
+            base_latency_ms=base_latency,
+            prefix=PREFIX,
+            command=f"benchmarks/bench_netlab_congestion.py ({name})",
+        )
+        markdown, _ = compare(copts, on_lab=on_lab)
+        print(markdown, flush=True)
+
+    limits = _limits(opts.rate)
+    if "unshaped" in opts.only:
+        lab_compare("unshaped", "ZBH2,PipeMorph", [], [], [])
+    base_latency = _base_latency(logdir, opts.skip) if opts.base_latency is None else opts.base_latency
+    if "shaped" in opts.only:
+        lab_compare("shaped", "1F1B,ZBH2,PipeMorph", limits, [], [])
+        lab_compare("shaped-delegate", "ZBH2", limits, [], ["--morph.transport", "delegate"])
+    if "trace" in opts.only:
+        lab_compare("trace", "ZBH2,PipeMorph", [], _trace(_trace_rows(opts)), [])
+
+
+def _trace_rows(opts: argparse.Namespace) -> list[tuple[int, float]]:
+    q = opts.steps // 4
+    return [(q, opts.rate), (2 * q, opts.rate * 2), (3 * q, 0.0)]
+
+
+def _base_latency(logdir: Path, skip: int) -> float:
+    """Per-message delay of an unlimited link: the monitor's ``morph/delay_ms`` median over links."""
+    values = []
+    for variant in ("ZBH2", "PipeMorph"):
+        scalars = read_scalars(logdir / "unshaped" / variant)
+        for link in range(NODES - 1):
+            med = _median(scalars.get(f"morph/delay_ms/link{link}", {}), skip + 1)
+            if med is not None:
+                values.append(med)
+    return statistics.median(values) if values else 0.0
+
+
+def _simulated(logdir: Path, name: str) -> dict[str, float | None]:
+    import json
+
+    meta = json.loads((logdir / name / "comparison.json").read_text())
+    return {r["variant"]: r["simulated_ms"] for r in meta["runs"]}
+
+
+def report(opts: argparse.Namespace, logdir: Path, tcp: dict[str, float]) -> str:
+    tau = opts.message_kb * 1024 * 8 / (opts.rate * 1e3)
+    first = opts.skip + 1
+    out: list[str] = []
+    base = _base_latency(logdir, opts.skip)
+    tb = {
+        (name, v): read_scalars(logdir / name / v)
+        for name, variants in (
+            ("unshaped", ("ZBH2", "PipeMorph")),
+            ("shaped", ("1F1B", "ZBH2", "PipeMorph")),
+            ("shaped-delegate", ("ZBH2",)),
+            ("trace", ("ZBH2", "PipeMorph")),
+        )
+        for v in variants
+        if (logdir / name / v / "tb").is_dir()
+    }
+    out.append(
+        f"Link {LINK}-{LINK + 1} limited to {opts.rate:g} Mbit/s (htb, both directions, data and host NICs);"
+        f" {opts.message_kb:g} KiB messages: size / rate = {tau:.2f} ms each ({tau / 10:.1f} forwards);"
+        f" medians of steps {first}-{opts.steps}; base latency per message (unshaped, monitor) {base:.2f} ms."
+    )
+    if tcp:
+        out.append(f"TCP over the limited path (2 MiB, data NIC): {tcp['mbit']:.2f} Mbit/s of payload.")
+    out += ["", "| run | schedule | measured ms | what | simulated ms | measured / simulated | bound ms |",
+            "|---|---|---:|---|---:|---:|---:|"]  # fmt: skip
+    measured: dict[tuple[str, str], float | None] = {}
+    for name in ("unshaped", "shaped", "shaped-delegate"):
+        sims = _simulated(logdir, name) if (logdir / name / "comparison.json").is_file() else {}
+        for (n, v), scalars in tb.items():
+            if n != name:
+                continue
+            m, what = _measured(scalars, first)
+            measured[(n, v)] = m
+            sim = sims.get(v)
+            ratio = f"{m / sim:.3f}" if m and sim else "—"
+            bound = _median(scalars.get("morph/bound_ms", {}), first)
+            label = "ZBH2 (delegate)" if name == "shaped-delegate" else v
+            out.append(
+                f"| {name} | {label} | {m or 0:.1f} | {what} | {sim or 0:.1f} | {ratio} |"
+                f" {'—' if bound is None else f'{bound:.1f}'} |"
+            )
+
+    def r(a: tuple[str, str], b: tuple[str, str]) -> str:
+        x, y = measured.get(a), measured.get(b)
+        return f"{x / y:.3f}" if x and y else "—"
+
+    out += [
+        "",
+        f"* ZBH2 / PipeMorph (shaped): {r(('shaped', 'ZBH2'), ('shaped', 'PipeMorph'))}",
+        f"* 1F1B step / PipeMorph pipeline (shaped): {r(('shaped', '1F1B'), ('shaped', 'PipeMorph'))}",
+        f"* PipeMorph shaped / unshaped: {r(('shaped', 'PipeMorph'), ('unshaped', 'PipeMorph'))};"
+        f" ZBH2 shaped / unshaped: {r(('shaped', 'ZBH2'), ('unshaped', 'ZBH2'))}",
+        f"* ZBH2 default / ZBH2 delegate (shaped): {r(('shaped', 'ZBH2'), ('shaped-delegate', 'ZBH2'))}",
+    ]
+    for (n, v), scalars in tb.items():
+        if n not in ("shaped", "shaped-delegate") or v == "1F1B":
+            continue
+        delay = _median(scalars.get(f"morph/delay_ms/link{LINK}", {}), first)
+        bw = _median(scalars.get(f"morph/bandwidth_mbps/link{LINK}", {}), first)
+        tx = _median(scalars.get(f"morph/transmit_ms/link{LINK}", {}), first)
+        det = _detected(scalars, 1)
+        fmt = lambda x, u: "—" if x is None else f"{x:.2f} {u}"  # noqa: E731
+        out.append(
+            f"* monitor, {n} {v}: delay {fmt(delay, 'ms')}, transmit {fmt(tx, 'ms')} (size / rate {tau:.2f} ms),"
+            f" bandwidth {fmt(bw, 'Mbit/s')} (limit {opts.rate:g}); detected slow after"
+            f" {'never' if det is None else f'{det} step(s)'}"
+        )
+    rows = _trace_rows(opts)
+    if any(n == "trace" for n, _ in tb):
+        phases = [(1, rows[0][0] - 1, 0.0), *[(s, (rows[i + 1][0] - 1 if i + 1 < len(rows) else opts.steps), rt)
+                  for i, (s, rt) in enumerate(rows)]]  # fmt: skip
+        out += ["", "Trace (rate by step): " + ", ".join(f"steps {a}-{b}: {rt:g} Mbit/s" for a, b, rt in phases), ""]
+        out += ["| schedule | " + " | ".join(f"steps {max(a, 2)}-{b} ms" for a, b, _ in phases) + " | detected after |",
+                "|---|" + "---:|" * (len(phases) + 1)]  # fmt: skip
+        for v in ("ZBH2", "PipeMorph"):
+            scalars = tb.get(("trace", v))
+            if scalars is None:
+                continue
+            cells = [_measured(scalars, max(a, 2), b)[0] for a, b, _ in phases]
+            det = _detected(scalars, rows[0][0])
+            out.append(
+                f"| {v} | "
+                + " | ".join("—" if c is None else f"{c:.1f}" for c in cells)
+                + f" | {'never' if det is None else f'{det} step(s)'} |"
+            )
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=float, default=20.0, help="Mbit/s of the limited link (default 20)")
+    parser.add_argument("--message-kb", type=float, default=64.0, help="KiB per message (default 64)")
+    parser.add_argument("--steps", type=int, default=16, help="training steps per job")
+    parser.add_argument("--skip", type=int, default=6, help="first steps left out of the medians")
+    parser.add_argument("--base-latency", type=float, help="ms per message in the simulated links (default: measured)")
+    parser.add_argument("--logdir", type=Path, help="keep the comparisons here (default: a temporary folder)")
+    parser.add_argument("--only", default="unshaped,shaped,trace", help="comparisons to run")
+    parser.add_argument("--report-only", action="store_true", help="re-read --logdir, run nothing")
+    parser.add_argument("--out", type=Path, help="also write the summary to this markdown file")
+    opts = parser.parse_args()
+    if opts.steps <= opts.skip:
+        parser.error("--steps must exceed --skip")
+    opts.only = set(opts.only.split(","))
+    tcp: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="bench_netlab_congestion_") as tmp:
+        logdir = (opts.logdir or Path(tmp)).resolve()
+        if not opts.report_only:
+            _run(opts, logdir, 0.0, tcp)
+        text = report(opts, logdir, tcp)
+    print()
+    print(text)
+    if opts.out:
+        opts.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
