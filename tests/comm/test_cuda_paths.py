@@ -184,6 +184,12 @@ def test_the_shm_check_names_the_size_and_how_to_raise_it(monkeypatch, capsys) -
     rings = settings.num_links * 4 * settings.morph.delegates_per_link * settings.dp_degree
     assert needed == rings * shm.segment_bytes(message, shm.DEFAULT_SLOTS)
     shm_space.check_shm_space(job, settings, free=needed)  # fits: nothing to say
+    # one node of two (2 of the 4 ranks) holds half of the ring ends
+    half = shm_space.delegate_shm_bytes(settings, message, ranks_here=2)
+    assert half == rings // 2 * shm.segment_bytes(message, shm.DEFAULT_SLOTS)
+    shm_space.check_shm_space(job, settings, free=half, ranks_here=2)
+    with pytest.raises(Exception, match="need"):
+        shm_space.check_shm_space(job, settings, free=half, ranks_here=4)
     with pytest.raises(
         Exception, match=r"need .* in /dev/shm .* but only 1.0 KiB is free: raise it \(docker run --shm-size="
     ):

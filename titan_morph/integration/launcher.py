@@ -87,7 +87,12 @@ def run(config_file: str, overrides: list[str], *, nproc: int | None = None, log
     memory of the check's imports is not held during training). Returns only on a bad config."""
     nodes = nodes_from_env(os.environ)
     job_config, settings = load_for_nodes(lambda ranks: load(config_file, overrides, ranks=ranks), nodes, nproc)
-    n, shown = checked_ranks(settings, log_rank, lambda: check_shm_space(job_config, settings), nodes)
+    n, shown = checked_ranks(
+        settings,
+        log_rank,
+        lambda: check_shm_space(job_config, settings, ranks_here=nodes.ranks_per_node(settings.world_size)),
+        nodes,
+    )
     if nodes.multi:  # the job's ranks shown, where TorchTitan looks for the loss rank (else it warns)
         os.environ["LOG_RANK"] = log_rank or str(loss_rank(settings, settings.world_size))
     return exec_torchrun(

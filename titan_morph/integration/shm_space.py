@@ -3,7 +3,7 @@
 Each delegate keeps one shared-memory ring per message size: ``slots`` copies of a microbatch's
 activations (or gradients). A tmpfs that runs out does not fail the write, it kills the writer with
 SIGBUS mid-step, and containers mount /dev/shm with 64 MiB unless told otherwise; the 8B example
-needs about 0.5 GB per ring. So the launcher sizes the rings of every rank on this host and refuses
+needs about 0.5 GB per ring. So the launcher sizes the rings of the ranks on this host and refuses
 to start when they do not fit, naming the size and how to raise it.
 """
 
@@ -46,23 +46,31 @@ def message_bytes(job_config: Any, settings: Settings) -> int | None:
     return settings.job.microbatch_size * seq_len * dim * _DTYPE_BYTES.get(dtype, 4)
 
 
-def delegate_shm_bytes(settings: Settings, message: int, slots: int = DEFAULT_SLOTS) -> int:
-    """/dev/shm bytes of every delegate ring of the job on one host: per link, per direction and per
-    delegate one ring on each end (the sender's trainer and the receiver's delegate), per pipeline
-    replica; 0 when no delegate can run (``default`` transport, one stage)."""
+def delegate_shm_bytes(
+    settings: Settings, message: int, slots: int = DEFAULT_SLOTS, ranks_here: int | None = None
+) -> int:
+    """/dev/shm bytes of the delegate rings on one host: per link, per direction and per delegate
+    one ring on each end (the sender's trainer and the receiver's delegate), per pipeline replica;
+    0 when no delegate can run (``default`` transport, one stage). ``ranks_here``: the ranks this
+    host runs (one node of several); each rank holds its share of the ends, rounded up."""
     if settings.morph.transport not in ("delegate", "auto") or settings.num_links == 0:
         return 0
-    rings = settings.num_links * 2 * 2 * settings.morph.delegates_per_link * settings.dp_degree
-    return rings * segment_bytes(message, slots)
+    ends = settings.num_links * 2 * 2 * settings.morph.delegates_per_link * settings.dp_degree
+    if ranks_here is not None and ranks_here < settings.world_size:
+        ends = -(-ends * ranks_here // settings.world_size)
+    return ends * segment_bytes(message, slots)
 
 
-def check_shm_space(job_config: Any, settings: Settings, free: int | None = None) -> None:
-    """:class:`ConfigError` when the delegates' rings of this job would not fit in /dev/shm's free
-    space (``free``: that space, read from the system when None)."""
+def check_shm_space(
+    job_config: Any, settings: Settings, free: int | None = None, ranks_here: int | None = None
+) -> None:
+    """:class:`ConfigError` when the delegates' rings of this host would not fit in /dev/shm's free
+    space (``free``: that space, read from the system when None; ``ranks_here``: this node's ranks
+    when the job spans several nodes)."""
     message = message_bytes(job_config, settings)
     if message is None:
         return
-    needed = delegate_shm_bytes(settings, message)
+    needed = delegate_shm_bytes(settings, message, ranks_here=ranks_here)
     free = shm_free_bytes() if free is None else free
     if needed == 0 or free is None or needed <= free:
         return
