@@ -175,6 +175,15 @@ def main() -> None:
             f" | {r.ratio:.3f} | {r.load:.1f} |"
         )
     by = {r.schedule: r for r in rows}
+    overheads = [r.step_ms - r.pipeline_ms for r in rows if r.pipeline_ms is not None]
+    if "1F1B" in by and overheads:
+        overhead = sorted(overheads)[len(overheads) // 2]
+        est = by["1F1B"].step_ms - overhead
+        lines += [
+            "",
+            f"Step overhead outside the pipeline (step - pipeline_ms of titan_morph's schedules): {overhead:.1f} ms;"
+            f" 1F1B's step less it: {est:.1f} ms, {est / by['1F1B'].simulated_ms:.3f} x simulated.",
+        ]
     if "ZBH2" in by and "PipeMorph" in by:
         z, p = by["ZBH2"], by["PipeMorph"]
         lines += [
