@@ -8,11 +8,19 @@ each probe's result agreed through the store). After ``recover_probes`` good pro
 link moves back at a step boundary both ranks name in advance: the lower rank posts step + 2 (ranks
 are within one step of each other, because every step ends with a collective). A default path under
 the link emulator is not probed (its ``inf`` is the model's, not a real failure).
+
+Before a new group is made, the two probers shake hands over plain TCP between the addresses the
+failed group used (the lower end listens, the upper one connects, both agree through the store): a
+gloo group made over a blackholed route blocks in its connect far beyond its timeout (the kernel's
+SYN retries), and a thread inside it when the process exits aborts the process. A Python socket
+wait is bounded, and harmless at exit.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from datetime import timedelta
 
@@ -45,10 +53,12 @@ class Prober:
     def start(self, link: int, gen: int) -> None:
         """Probe ``link``'s default path (failed as of ``gen``) on a thread, where it can be re-made."""
         if self.pairs is not None and self.router.primary.links is None:
-            self.router.thread(lambda: self._probe(link, gen), f"titan_morph-probe-link{link}")
+            ip = local_address(self.pairs.group(link))  # now, while the failed group's sockets are its own
+            self.router.thread(lambda: self._probe(link, gen, ip), f"titan_morph-probe-link{link}")
 
-    def _probe(self, link: int, gen: int) -> None:
-        """Probe ``link``'s default path until ``recover_probes`` agreed good probes in a row."""
+    def _probe(self, link: int, gen: int, ip: str | None) -> None:
+        """Probe ``link``'s default path until ``recover_probes`` agreed good probes in a row; ``ip``:
+        this end's address on it (None: unknown, gloo's probe alone tells)."""
         router, pairs = self.router, self.pairs
         assert pairs is not None
         peer = link + 1 if link == router.stage else link
@@ -61,13 +71,15 @@ class Prober:
                 if router.closed or router.gen[link] != gen or link in router.fatal:
                     return
             attempt += 1
-            group = pairs.probe(link, f"{gen}.{attempt}", timeout, reuse=kept)
+            base = f"{router.ns}/probe/{link}/{gen}/{attempt}"
+            group = None
+            if kept is not None or ip is None or self._handshake(link, base, peer, ip, timeout):
+                group = pairs.probe(link, f"{gen}.{attempt}", timeout, reuse=kept)
             with router.lock:
                 if router.closed:  # the peer may be gone: do not wait for its verdict
                     if group is not None:
                         group.break_("transport closed")
                     return
-            base = f"{router.ns}/probe/{link}/{gen}/{attempt}"
             try:
                 router.store.set(f"{base}/{router.stage}", "1" if group is not None else "0")
                 client = router.store.clone()  # type: ignore[attr-defined]  # torch's stub omits Store.clone
@@ -97,6 +109,37 @@ class Prober:
                 )
                 return
 
+    def _handshake(self, link: int, base: str, peer: int, ip: str, timeout: float) -> bool:
+        """One TCP handshake over the link's path, from ``ip`` (both ends; the same verdict on both)."""
+        router = self.router
+        ok = False
+        try:
+            client = router.store.clone()  # type: ignore[attr-defined]  # torch's stub omits Store.clone
+            client.set_timeout(timedelta(seconds=timeout))
+            family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+            if link == router.stage:  # the lower end listens
+                with socket.socket(family, socket.SOCK_STREAM) as server:
+                    server.bind((ip, 0))
+                    server.listen(1)
+                    server.settimeout(timeout)
+                    router.store.set(f"{base}/tcp", f"{ip}|{server.getsockname()[1]}")
+                    conn, _ = server.accept()
+                    with conn:
+                        conn.settimeout(timeout)
+                        ok = conn.recv(1) == b"x"
+            else:
+                host, port = client.get(f"{base}/tcp").decode().split("|")
+                with socket.create_connection((host, int(port)), timeout=timeout, source_address=(ip, 0)) as c:
+                    c.sendall(b"x")
+                    ok = True
+        except Exception as e:  # OSError (refused, timed out), or the peer's address never came
+            logger.debug("titan_morph: probe handshake of link %d: %s", link, e)
+        try:
+            router.store.set(f"{base}/tcp/{router.stage}", "1" if ok else "0")
+            return ok and client.get(f"{base}/tcp/{peer}").decode() == "1"
+        except Exception:
+            return False
+
     def move_back_due(self, step: int) -> None:
         """At a step boundary: move links whose default path probed good back to it, at the step the
         lower rank named (both ranks)."""
@@ -120,3 +163,23 @@ class Prober:
                 if isinstance(router.primary, MessageBook):
                     router.primary.restart_numbering(link)
             logger.warning("titan_morph: link %d is back on its default path from step %d on", link, step)
+
+
+def local_address(wire: LinkWire) -> str | None:
+    """This end's IP address on ``wire``'s connections (None when none is readable)."""
+    for group in wire.groups:
+        for fd in getattr(group, "_fds", []):
+            try:
+                sock = socket.socket(fileno=os.dup(fd))
+            except OSError:
+                continue
+            try:
+                if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:
+                    ip = str(sock.getsockname()[0])
+                    if ip not in ("0.0.0.0", "::"):
+                        return ip
+            except OSError:
+                pass
+            finally:
+                sock.close()
+    return None
