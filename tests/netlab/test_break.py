@@ -5,13 +5,20 @@ undisturbed run, its link on the delegates (over the ``host`` NIC)."""
 from __future__ import annotations
 
 import io
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.netlab.conftest import PREFIX
-from titan_morph.netlab.lab import Lab, LabError
+from titan_morph.comm.system import segments_in_use, shm_segments
+from titan_morph.netlab.lab import Lab, LabError, lab_namespaces
 from titan_morph.netlab.schedule import Controller, Event, StepLog, parse_schedule
 from titan_morph.netlab.shape import breaks
 
@@ -69,3 +76,48 @@ def test_a_step_keyed_break_is_applied_when_the_job_begins_that_step(lab3: Lab, 
         assert out.getvalue() == "netlab: schedule: step 3 break 1<->2 on data\n"
     finally:
         controller.stop()
+
+
+# ./run_train.sh --parallelism.pipeline_parallel_schedule PipeMorph --morph.transport auto (10 steps)
+UNDISTURBED_LOSSES = [7.92412, 7.74408, 7.23808, 6.59638, 5.81358, 5.37981, 5.01301, 4.87124, 4.66693, 4.68081]
+
+
+@pytest.mark.netlab
+def test_a_data_path_broken_at_step_3_fails_over_with_the_losses_of_an_undisturbed_run(
+    namespaces_ok: None, tmp_path: Path, no_leftovers: Callable[[Path], None]
+):
+    dump, before = tmp_path / "run", shm_segments()
+    schedule = tmp_path / "break.csv"
+    schedule.write_text("time_s,from,to,nic,rate_mbit\nstep=3,1,2,data,break\n")
+    train = ["--parallelism.pipeline_parallel_schedule", "PipeMorph", "--morph.transport", "auto"]
+    # [comm] train timeout 20 s: the stall bound is 5 s (the default 100 s gives 25 s, same result)
+    train += ["--comm.train_timeout_seconds", "20", "--job.dump_folder", str(dump)]
+    cmd = [sys.executable, "-m", "titan_morph.netlab", "run", "--prefix", PREFIX, "--nodes", "4"]
+    cmd += ["--ranks-per-node", "1", "--schedule", str(schedule), "--", *train]
+    env = {k: v for k, v in os.environ.items() if k not in ("CONFIG_FILE", "TITAN_MORPH_RUN_ID")}
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=420)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out[-3000:]
+    assert "netlab: schedule: step 3 break 1<->2 on data" in out, out[-3000:]
+    losses = [float(loss) for _, loss in LOSS_RE.findall(out)]
+    assert losses == UNDISTURBED_LOSSES, out[-3000:]
+    logs = {n: (dump / "netlab" / f"node{n}.log").read_text() for n in range(4)}
+    # the link's two ends moved it at step 3, the rank that saw the stall by its own verdict, the other
+    # on its notice; no other link moved
+    moved = {n: re.findall(r"link (\d) \((fwd|bwd)\) failed on its default path at step (\d+)", logs[n]) for n in logs}
+    assert sorted(moved[1]) == sorted(moved[2]) == [("1", "bwd", "3"), ("1", "fwd", "3")], moved
+    assert moved[0] == moved[3] == [], moved
+    assert "the data path is broken" in logs[1] + logs[2]
+    assert lab_namespaces(PREFIX) == []
+    no_leftovers(dump)
+    deadline = time.monotonic() + 10
+    while (stale := shm_segments() - before - segments_in_use()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not stale
