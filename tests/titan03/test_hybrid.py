@@ -1,8 +1,9 @@
 """TorchTitan 0.3.0: DP x PP (``hybrid_cpu``: PP = 2 x FSDP = 2 on 4 real ranks, synthetic testbed).
 
-* PipeMorph under FSDP trains to torch's ``Schedule1F1B`` losses on the same job (split backward:
-  :data:`~tests.titan03.test_losses.SPLIT_REL`), its DP collectives measured by the DP backend
-  (the world-wide exchange reports every stage's DP delay each step);
+* PipeMorph under FSDP trains to torch's ``Schedule1F1B`` losses on the same job, to log precision
+  (on this small model the split backward changes no bit; the debug model's split schedules differ
+  by up to :data:`~tests.titan03.test_losses.SPLIT_REL`), its DP collectives measured by the DP
+  backend (the world-wide exchange reports every stage's DP delay each step);
 * (slow) a slow DP pair is moved onto a pipeline link through a checkpoint and a relaunch, and the
   losses equal the undisturbed run's, as on 0.2.2 (``tests/integration/test_hybrid.py``).
 """
@@ -16,7 +17,7 @@ import pytest
 
 from tests.launch import RunResult
 from tests.titan03.runs import losses, train
-from tests.titan03.test_losses import SPLIT_REL
+from tests.titan03.test_losses import SAME_REL
 
 STEPS = 3
 SMALL = ("--training.seq_len", "16", "--training.local_batch_size", "4")
@@ -38,7 +39,7 @@ def test_dp_x_pp_pipemorph_matches_1f1b(tmp_path: Path, no_leftovers) -> None:
     torch_1f1b = ("--parallelism.pipeline_parallel_schedule", "1F1B", "--morph.orchestrator", "off")
     ref = losses(_hybrid(tmp_path / "1f1b", STEPS, *torch_1f1b), STEPS)
     got = losses(morph, STEPS)
-    _assert_close(got, ref, SPLIT_REL, "DP x PP: PipeMorph vs 1F1B")
+    _assert_close(got, ref, SAME_REL, "DP x PP: PipeMorph vs 1F1B")
     assert len(set(ref.values())) == STEPS, ref  # the model trains: the losses change step to step
     # both stages' DP groups (FSDP's collectives on the DP backend) were measured at every step
     for stage in (0, 1):
@@ -63,5 +64,5 @@ def test_slow_dp_pair_is_moved_and_losses_equal_the_undisturbed_run(tmp_path: Pa
     changes = result.scalars("morph/topology_changes")
     assert changes[1] == 0 and all(changes[s] == 1 for s in range(2, steps + 1)), changes
     ref = losses(_hybrid(tmp_path / "undisturbed", steps, "--morph.orchestrator", "off"), steps)
-    _assert_close(losses(result, steps), ref, 1e-6, "moved vs undisturbed")
+    _assert_close(losses(result, steps), ref, SAME_REL, "moved vs undisturbed")
     no_leftovers(tmp_path)
