@@ -120,11 +120,13 @@ def _simulated(
         model += ["--morph.inject.bandwidth_mbit", ",".join(f"{r:g}" for r in rates)] if any(rates) else []
     if variant.schedule == "PipeMorph" and variant.adapt and any(rates):
         # The plan re-planning settles on once the monitor has measured the wire: Alg. 2 for the
-        # links' latency and transmit time (config.links.plan_transmit), slow links delegated.
-        plan = ["--morph.plan_delays_ms", f"{opts.base_latency_ms:g}", "--morph.transport", "delegate"]
+        # links' latency and transmit time (config.links.plan_transmit), slow links delegated
+        # unless the variant keeps the default path.
+        path = "default" if variant.transport == "default" else "delegate"
+        plan = ["--morph.plan_delays_ms", f"{opts.base_latency_ms:g}", "--morph.transport", path]
         settings = resolve_settings(config, [*args, *model, *plan])
-        value, note = simulated_ms(settings, Variant(variant.name, "PipeMorph", "delegate", False, ""), skip)
-        return value, f"{note}; the plan for the measured links, delegated"
+        value, note = simulated_ms(settings, Variant(variant.name, "PipeMorph", path, False, ""), skip)
+        return value, f"{note}; the plan for the measured links, on the {path} path"
     settings = resolve_settings(config, [*args, *model])
     return simulated_ms(settings, variant, skip)
 
