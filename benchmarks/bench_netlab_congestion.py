@@ -5,7 +5,11 @@ of 4 nodes x 1 rank, one job per variant on one lab (``netlab compare``). Link 2
 is limited by ``tc`` (htb) to ``--rate`` Mbit/s in both directions on both NICs (``data``: the
 per-link groups; ``host``: the delegates, and torch's own groups, which carry the default
 transport of torch's schedules), so every transport of that link crosses the same limit and only
-head-of-line blocking differs between them. Messages are ``[morph.synthetic] message_kb``: with
+head-of-line blocking differs between them. The lab's NICs send segments of at most
+``--gso-max-bytes`` (default one 1514-byte frame): htb lets a whole segment through on credit, so
+with the kernel's 64 KiB segments a message spaced out by compute crosses at line rate and the
+limit only holds on average (measured: the runs come out faster than size / rate allows).
+Messages are ``[morph.synthetic] message_kb``: with
 64 KiB at 20 Mbit/s one message takes 26 ms on the wire (2.6 forwards) and the link's 24 messages
 per direction and step (629 ms) still fit in a step.
 
@@ -19,12 +23,16 @@ Comparisons (each one ``netlab compare`` folder under ``--logdir``):
   its measured latency and transmit time and delegates it (``transport = auto``, ``adapt``);
 * ``shaped-delegate``: ZBH2 with ``--morph.transport delegate`` under the same limit (the
   head-of-line cost of the blocking default path, the paper's Fig. 15 gap);
+* ``shaped-planned`` / ``shaped-replan``: PipeMorph on the default path, its initial plan told
+  the link's delay (``--morph.plan_delays_ms`` = size / rate, ``adapt`` off), and re-planning
+  after detection without delegation (``PipeMorph-replan``);
 * ``trace``: ZBH2 and PipeMorph under netlab schedule rows that change the rate during the run
   (by training step).
 
 Printed: measured step time (``morph/pipeline_ms`` for titan_morph's schedules, TorchTitan's step
 time for torch's 1F1B; medians after warm-up), the simulator's prediction on the link model of
-the limit (transmit = bytes x 8 / rate, plus the measured base latency) and measured / simulated,
+the limit (transmit = bytes x 8 / rate, plus the measured base latency; again at the payload rate
+TCP measured over the limited path, which counts the packets' headers) and measured / simulated,
 ZBH2 / PipeMorph, PipeMorph shaped / unshaped, ``morph/bound_ms``, the monitor's per-message delay
 and bandwidth estimate against size / rate, the steps until the link was detected slow, ZBH2
 default / delegate, the trace's per-phase times, and a TCP transfer over the limited path.
@@ -50,7 +58,7 @@ from bench_emulated_bandwidth import CONFIG  # the same testbed as the emulated-
 from titan_morph.compare.results import PIPELINE_TAG, STEP_TIME_TAG, read_scalars
 from titan_morph.compare.variants import parse_variants
 from titan_morph.netlab.compare import CompareOptions, compare
-from titan_morph.netlab.lab import Lab
+from titan_morph.netlab.lab import Lab, ip
 from titan_morph.netlab.run import parse_shape_spec
 from titan_morph.netlab.schedule import Event
 from titan_morph.netlab.shape import shape, unshape
@@ -59,6 +67,8 @@ from titan_morph.netlab.transfer import measure
 LINK = 2
 NODES = 4
 PREFIX = "tmcong"
+TCP_FILE = "tcp.json"
+"""In ``--logdir``: a TCP transfer over the limited path (seconds, payload Mbit/s)."""
 
 
 def _limits(rate: float) -> list[Event]:
@@ -104,12 +114,18 @@ def _run(opts: argparse.Namespace, logdir: Path, base_latency: float, tcp: dict[
 
     def lab_compare(name: str, variants: str, shapes: list[Event], schedule: list[Event], extra: list[str]) -> None:
         def on_lab(lab: Lab) -> None:
+            if opts.gso_max_bytes:  # the kernel's 64 KiB segments would pass a rate limit in one go
+                for i in range(lab.nodes):
+                    for nic in lab.nics:
+                        ip("link", "set", "dev", nic, "gso_max_size", str(opts.gso_max_bytes), netns=lab.node(i))
             if name == "shaped":  # the limit as TCP sees it, once
                 shape(lab, LINK, LINK + 1, "data", opts.rate)
                 nbytes = 2 * 2**20
                 tcp["seconds"] = measure(lab, LINK, LINK + 1, "data", nbytes, 60.0)
                 tcp["mbit"] = nbytes * 8 / tcp["seconds"] / 1e6
                 unshape(lab, LINK, LINK + 1, "data")
+                logdir.mkdir(parents=True, exist_ok=True)
+                (logdir / TCP_FILE).write_text(json.dumps(tcp) + "\n")
 
         copts = CompareOptions(
             nodes=NODES,
@@ -167,6 +183,27 @@ def _simulated(logdir: Path, name: str) -> dict[str, float | None]:
     return {r["variant"]: r["simulated_ms"] for r in meta["runs"]}
 
 
+def _simulated_at(logdir: Path, name: str, rate: float) -> dict[str, float | None]:
+    """The simulated column again, the limited link at ``rate`` (the payload rate TCP measured:
+    the wire's bytes include the headers of every packet)."""
+    from titan_morph.netlab.compare import plan_runs
+
+    meta = json.loads((logdir / name / "comparison.json").read_text())
+    os.environ["CONFIG_FILE"] = str(CONFIG)
+    copts = CompareOptions(
+        nodes=NODES,
+        ranks_per_node=1,
+        variants=parse_variants(",".join(meta["variants"])),
+        shapes=_limits(rate),
+        steps=int(meta["steps"]),
+        skip=int(meta["skip"]),
+        train_args=list(meta["extra"]),
+        base_latency_ms=float(meta["lab"]["base_latency_ms"]),
+        prefix=PREFIX,
+    )
+    return {r.variant.name: r.simulated_ms for r in plan_runs(copts)[1]}
+
+
 def _bound_under_limit(opts: argparse.Namespace, base: float) -> float:
     """Any schedule's lower bound (``pipelining.exact.lower_bound_under``, what ``morph/bound_ms``
     is for emulated links) under the link model of the limit: the runtime's own figure cannot know
@@ -213,14 +250,19 @@ def report(opts: argparse.Namespace, logdir: Path, tcp: dict[str, float]) -> str
         f" {opts.message_kb:g} KiB messages: size / rate = {tau:.2f} ms each ({tau / 10:.1f} forwards);"
         f" medians of steps {first}-{opts.steps}; base latency per message (unshaped, monitor) {base:.2f} ms."
     )
+    if not tcp and (logdir / TCP_FILE).is_file():
+        tcp = json.loads((logdir / TCP_FILE).read_text())
     if tcp:
         out.append(f"TCP over the limited path (2 MiB, data NIC): {tcp['mbit']:.2f} Mbit/s of payload.")
     out.append(f"Lower bound under the limit's link model (any schedule): {_bound_under_limit(opts, base):.1f} ms.")
-    out += ["", "| run | schedule | measured ms | what | simulated ms | measured / simulated | morph/bound_ms |",
-            "|---|---|---:|---|---:|---:|---:|"]  # fmt: skip
+    out += ["", "| run | schedule | measured ms | what | simulated ms | measured / simulated"
+            " | simulated at the TCP rate | measured / that | morph/bound_ms |",
+            "|---|---|---:|---|---:|---:|---:|---:|---:|"]  # fmt: skip
     measured: dict[tuple[str, str], float | None] = {}
     for name in ("unshaped", "shaped", "shaped-delegate", "shaped-planned", "shaped-replan"):
-        sims = _simulated(logdir, name) if (logdir / name / "comparison.json").is_file() else {}
+        done = (logdir / name / "comparison.json").is_file()
+        sims = _simulated(logdir, name) if done else {}
+        at_tcp = _simulated_at(logdir, name, tcp["mbit"]) if done and tcp and name != "unshaped" else sims
         for (n, v), scalars in tb.items():
             if n != name:
                 continue
@@ -230,8 +272,10 @@ def report(opts: argparse.Namespace, logdir: Path, tcp: dict[str, float]) -> str
             ratio = f"{m / sim:.3f}" if m and sim else "—"
             bound = _median(scalars.get("morph/bound_ms", {}), first)
             label = "ZBH2 (delegate)" if name == "shaped-delegate" else v
+            sim2 = at_tcp.get(v)
+            ratio2 = f"{m / sim2:.3f}" if m and sim2 else "—"
             out.append(
-                f"| {name} | {label} | {m or 0:.1f} | {what} | {sim or 0:.1f} | {ratio} |"
+                f"| {name} | {label} | {m or 0:.1f} | {what} | {sim or 0:.1f} | {ratio} | {sim2 or 0:.1f} | {ratio2} |"
                 f" {'—' if bound is None else f'{bound:.1f}'} |"
             )
 
@@ -291,6 +335,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16, help="training steps per job")
     parser.add_argument("--skip", type=int, default=6, help="first steps left out of the medians")
     parser.add_argument("--base-latency", type=float, help="ms per message in the simulated links (default: measured)")
+    parser.add_argument(
+        "--gso-max-bytes",
+        type=int,
+        default=1514,
+        help="cap the lab NICs' segments (htb lets one whole segment through on credit; 0: the kernel's 64 KiB)",
+    )
     parser.add_argument("--logdir", type=Path, help="keep the comparisons here (default: a temporary folder)")
     parser.add_argument("--only", default="unshaped,shaped,planned,trace", help="comparisons to run")
     parser.add_argument("--report-only", action="store_true", help="re-read --logdir, run nothing")

@@ -33,6 +33,7 @@ from titan_morph.compare.configs import ComparisonError, resolve_settings
 from titan_morph.compare.harness import COMPARISON_FILE, TABLE_FILE, default_skip, default_timeout
 from titan_morph.compare.runner import LOG_FILE, Outcome, Progress, error_line, last_logged_step
 from titan_morph.compare.variants import Variant
+from titan_morph.config import Settings
 from titan_morph.netlab.lab import Lab, LabError, can_make_namespaces
 from titan_morph.netlab.schedule import Event, check_events
 from titan_morph.netlab.shape import breaks, heal, shapes, unshape
@@ -128,7 +129,27 @@ def _simulated(
         value, note = simulated_ms(settings, Variant(variant.name, "PipeMorph", path, False, ""), skip)
         return value, f"{note}; the plan for the measured links, on the {path} path"
     settings = resolve_settings(config, [*args, *model])
+    if not variant.torch_builtin and not variant.adapt and any(rates):
+        return _plan_as_run(settings, variant, skip)
     return simulated_ms(settings, variant, skip)
+
+
+def _plan_as_run(settings: Settings, variant: Variant, skip: int) -> tuple[float | None, str]:
+    """The makespan of the plan a lab job starts with, under the limits' link model: on the lab no
+    link is emulated, so its plan assumes no transmit times (``plan_delays_ms`` are latencies),
+    where ``compare.predict`` would plan for the model's rates."""
+    from titan_morph.config.links import configured_message_bytes, link_model
+    from titan_morph.integration.assembly import FAMILIES, initial_plan
+    from titan_morph.pipelining.simulate import simulate
+
+    morph, stages = settings.morph, settings.stages
+    if variant.schedule not in FAMILIES or morph.stage_times(stages) is None:
+        return None, "no plan to simulate (compute times unknown or not a titan_morph schedule)"
+    links = link_model(morph.inject, stages - 1, message_bytes=configured_message_bytes(settings))
+    plan = initial_plan(FAMILIES[variant.schedule], morph, stages, settings.microbatches)
+    model = plan.model.with_delays((0.0,) * (stages - 1))
+    span = simulate(model, plan.orders, links=links, depth=morph.depth, step=skip + 1).makespan
+    return span, "static links; the plan the job starts with (planned without transmit times)"
 
 
 def plan_runs(opts: CompareOptions) -> tuple[Path, list[LabRun], int]:
