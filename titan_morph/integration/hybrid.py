@@ -182,6 +182,7 @@ def make_exchange(
         dp_group=dp.get_group() if dp is not None else None,
         moves_before=moves_before(),
         stages_per_rank=stages_per_rank,
+        interface=morph.host_interfaces[0] if morph.host_interfaces else "",
     )
 
 

@@ -15,7 +15,7 @@ from titan_morph.comm.shm import DEFAULT_SLOTS, segment_bytes
 from titan_morph.comm.system import SHM_DIR, shm_free_bytes
 from titan_morph.config import ConfigError, Settings
 
-__all__ = ["check_shm_space", "delegate_shm_bytes", "message_bytes"]
+__all__ = ["check_ring_space", "check_shm_space", "delegate_shm_bytes", "message_bytes"]
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -65,9 +65,17 @@ def check_shm_space(
     job_config: Any, settings: Settings, free: int | None = None, ranks_here: int | None = None
 ) -> None:
     """:class:`ConfigError` when the delegates' rings of this host would not fit in /dev/shm's free
-    space (``free``: that space, read from the system when None; ``ranks_here``: this node's ranks
-    when the job spans several nodes)."""
-    message = message_bytes(job_config, settings)
+    space (TorchTitan 0.2.2's job config; see :func:`check_ring_space`)."""
+    check_ring_space(settings, message_bytes(job_config, settings), free, ranks_here)
+
+
+def check_ring_space(
+    settings: Settings, message: int | None, free: int | None = None, ranks_here: int | None = None
+) -> None:
+    """:class:`ConfigError` when the delegates' rings of this host, for pipeline messages of
+    ``message`` bytes (None: unknown, nothing checked), would not fit in /dev/shm's free space
+    (``free``: that space, read from the system when None; ``ranks_here``: this node's ranks when the
+    job spans several nodes). Each release's launcher finds the message size in its own config."""
     if message is None:
         return
     needed = delegate_shm_bytes(settings, message, ranks_here=ranks_here)

@@ -16,14 +16,17 @@ import os
 import sys
 from typing import Any
 
-from titan_morph.config import ConfigError, Settings
+from titan_morph.config import Settings
 from titan_morph.integration.launcher import (
     EXIT_BAD_CONFIG,
     checked_ranks,
     command_main,
     exec_torchrun,
+    loss_rank,
     ranks_option,
 )
+from titan_morph.integration.nodes import load_for_nodes, nodes_from_env
+from titan_morph.integration.shm_space import check_ring_space
 from titan_morph.integration.titan03.jobconfig import CONFIG_MODULE, load, module_and_function
 
 __all__ = ["TRAIN_MODULE", "main", "run"]
@@ -37,47 +40,40 @@ FN: a config function of titan_morph.configs (debug_cpu, straggler_demo_cpu, syn
 hybrid_cpu); --module M picks another module."""
 
 
-def _check_shm(config: Any, settings: Settings) -> None:
-    """The delegates' shared-memory rings fit in /dev/shm (0.2.2's launcher check, with 0.3.0's model
-    width); skipped where this titan_morph has no such check."""
-    try:
-        from titan_morph.integration.shm_space import _size, delegate_shm_bytes, shm_free_bytes
-    except ImportError:
-        return
+def _message_bytes(config: Any, settings: Settings) -> int | None:
+    """Bytes of one pipeline message in a 0.3.0 config (microbatch x seq_len x width, in the dtype
+    the stages exchange); None when the model's width cannot be found."""
     try:
         dim = int(config.model_spec.model.dim)
         if config.model_spec.flavor == "synthetic":
             dim = settings.morph.synthetic.hidden
     except AttributeError:
-        return
+        return None
     shards = settings.job.data_parallel_shard_degree != 1
     width = 2 if shards and str(config.training.mixed_precision_param) == "bfloat16" else 4
-    message = settings.job.microbatch_size * int(config.training.seq_len) * dim * width
-    needed, free = delegate_shm_bytes(settings, message), shm_free_bytes()
-    if needed == 0 or free is None or needed <= free:
-        return
-    raise ConfigError(
-        f"morph.transport: {settings.morph.transport!r}: the delegates' shared-memory rings need {_size(needed)} in"
-        f" /dev/shm (rings of {_size(message)} messages) but only {_size(free)} is free: raise it"
-        " or use --morph.transport default"
-    )
+    return settings.job.microbatch_size * int(config.training.seq_len) * dim * width
 
 
 def run(
     function: str, overrides: list[str], *, module: str = CONFIG_MODULE, nproc: int | None = None, log_rank: str = ""
 ) -> int:
     """Check, then replace this process by the supervisor of torchrun. Returns only on a bad config."""
-    config, settings = load(function, overrides, ranks=nproc, module=module)
-    n, shown = checked_ranks(settings, log_rank, lambda: _check_shm(config, settings))
-    os.environ["LOG_RANK"] = shown  # TorchTitan 0.3.0 warns unless the loss rank is listed there
+    nodes = nodes_from_env(os.environ)
+    config, settings = load_for_nodes(lambda r: load(function, overrides, ranks=r, module=module), nodes, nproc)
+    here = nodes.ranks_per_node(settings.world_size)
+    message = _message_bytes(config, settings)
+    n, shown = checked_ranks(settings, log_rank, lambda: check_ring_space(settings, message, ranks_here=here), nodes)
+    # TorchTitan 0.3.0 warns unless the loss rank is listed there (the job's rank with several nodes)
+    os.environ["LOG_RANK"] = (log_rank or str(loss_rank(settings, settings.world_size))) if nodes.multi else shown
     return exec_torchrun(
         n,
         shown,
         lambda run_id: (
-            f"run_train.sh: TorchTitan 0.3.0, {n} ranks, config {module}:{function}, run id {run_id}, showing rank(s)"
-            f" {shown}"
+            f"run_train.sh: TorchTitan 0.3.0, {n} ranks, config {module}:{function}, run id {run_id},"
+            f" {nodes.shown_text(shown, n)}"
         ),
         ["-m", TRAIN_MODULE, "--module", module, "--config", function, *overrides],
+        nodes,
     )
 
 
