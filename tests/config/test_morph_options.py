@@ -388,3 +388,10 @@ def test_host_ifnames_takes_one_interface() -> None:
     assert resolve_morph(morph).host_interfaces == ("host",)
     with pytest.raises(ConfigError, match=r"^morph.host_ifnames: .*more than one interface: give one"):
         resolve_morph(Morph(host_ifnames="host,host2"))
+
+
+def test_the_default_path_on_its_own_nic_is_routed() -> None:
+    """``data_ifname`` puts the default path on per-link groups bound to that NIC: torch schedules'
+    traffic must then go through titan_morph's transport even without injection."""
+    assert not resolve_morph(Morph()).routed
+    assert resolve_morph(Morph(data_ifname="data")).routed

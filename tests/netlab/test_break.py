@@ -121,3 +121,44 @@ def test_a_data_path_broken_at_step_3_fails_over_with_the_losses_of_an_undisturb
     while (stale := shm_segments() - before - segments_in_use()) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not stale
+
+
+@pytest.mark.slow
+@pytest.mark.netlab
+def test_under_default_a_broken_data_path_ends_the_job_within_its_timeout_naming_the_link(
+    namespaces_ok: None, tmp_path: Path, no_leftovers: Callable[[Path], None]
+):
+    """``transport = "default"`` has nowhere to move a link: with ``data_ifname`` (netlab passes
+    ``data``) its pipeline traffic is on per-link groups over the data NIC, so the break stalls it,
+    and every rank's wait ends at the [comm] train timeout; the two ends of link 1 name it."""
+    dump, before = tmp_path / "run", shm_segments()
+    schedule = tmp_path / "break.csv"
+    schedule.write_text("time_s,from,to,nic,rate_mbit\nstep=3,1,2,data,break\n")
+    train = ["--parallelism.pipeline_parallel_schedule", "PipeMorph", "--morph.transport", "default"]
+    train += ["--comm.train_timeout_seconds", "20", "--job.dump_folder", str(dump)]
+    cmd = [sys.executable, "-m", "titan_morph.netlab", "run", "--prefix", PREFIX, "--nodes", "4"]
+    cmd += ["--ranks-per-node", "1", "--schedule", str(schedule), "--", *train]
+    env = {k: v for k, v in os.environ.items() if k not in ("CONFIG_FILE", "TITAN_MORPH_RUN_ID")}
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=420)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode not in (0, 124), out[-3000:]
+    losses = [float(loss) for _, loss in LOSS_RE.findall(out)]
+    assert losses == UNDISTURBED_LOSSES[:2], out[-3000:]  # steps 1 and 2, then the break
+    node_lines = dict(re.findall(r"netlab: node (\d): (LinkFailedError: .*)", out))
+    for node, peer in (("1", "2"), ("2", "1")):  # which op each end was waiting in depends on timing
+        line = node_lines.get(node, "")
+        assert re.search(rf"(send to|receive from) stage {peer} on link 1 \((fwd|bwd)\)", line), out[-3000:]
+        assert "(bound 20 s)" in line
+    assert lab_namespaces(PREFIX) == []
+    no_leftovers(dump)
+    deadline = time.monotonic() + 10
+    while (stale := shm_segments() - before - segments_in_use()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not stale

@@ -145,8 +145,9 @@ class MorphSettings:
 
     @property
     def routed(self) -> bool:
-        """Whether a torch schedule's traffic must be routed (injected delays or a non-default path)."""
-        return self.inject.mode != "none" or self.transport != "default"
+        """Whether a torch schedule's traffic must be routed (injected delays, a non-default path, or
+        the default path on its own NIC)."""
+        return self.inject.mode != "none" or self.transport != "default" or bool(self.data_ifname)
 
     def detect_rule(self, floor_ms: float | None = None) -> DetectRule:
         """The detector's rules (``detect_*``/``recover_*``); the floor is ``detect_min_ms`` unless

@@ -237,7 +237,8 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
     """The transport of ``[morph] transport`` for this rank, on ``clock``; None for plain
     torch.distributed (no injection, default transport, nothing to record).
 
-    ``default``: torch P2P, through the ``[morph.inject]`` link emulator when it is on (a send
+    ``default``: torch P2P (on one process group per link over ``[morph] data_ifname`` when that
+    is set), through the ``[morph.inject]`` link emulator when it is on (a send
     blocks once ``link_queue_depth`` messages are in flight: NCCL's head-of-line blocking, §3.2),
     else recording message stamps for the monitor when ``monitored``. ``delegate``: the delegated
     data plane (§5), which applies the injected delays inside its delegates and never blocks the
@@ -275,7 +276,7 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
         return delegates(strict=True)
     primary: Transport = TorchTransport(clock.epoch)
     pairs = None
-    if morph.transport == "auto":
+    if morph.transport == "auto" or morph.data_ifname:  # per-link groups: on their own NIC, or to fail alone
         from titan_morph.comm.pairs import BreakPlan, LinkGroups, LinkTransport
 
         window = break_window(morph.inject, ranks - 1)
@@ -306,7 +307,7 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
         from titan_morph.comm.recorded import RecordedTransport
 
         primary = RecordedTransport(primary, **where, epoch=clock.epoch)
-    elif morph.transport == "default":
+    elif morph.transport == "default" and pairs is None:
         return None
     if morph.transport == "default":
         return primary

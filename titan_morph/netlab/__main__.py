@@ -82,7 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--nodes", type=int, required=True)
     c.add_argument("--ranks-per-node", type=int, required=True)
     c.add_argument("--shape", action="append", default=[], help="A-B:NIC:RATE, limit from the start")
-    c.add_argument("--schedule", help="CSV time_s,from,to,nic,rate_mbit (times from the job's start)")
+    c.add_argument(
+        "--schedule", help="CSV time_s,from,to,nic,rate_mbit (time_s: seconds from the job's start, or step=N)"
+    )
     c.add_argument("--timeout-s", type=float, default=6 * 3600.0, help="stop the job after this long")
     c.add_argument("--store-nic", choices=NICS, default="host", help="NIC of the rendezvous and c10d store")
     c.add_argument("--host-nics", type=int, default=1, help=host_nics)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -325,7 +326,7 @@ def _wait(opts: RunOptions, lab: Lab, agents: list[subprocess.Popen[bytes]], sig
                     os.kill(proc.pid, signal.SIGTERM)  # the supervisor passes it on to torchrun
         return time.monotonic() + STOP_GRACE_S
 
-    while any(p.poll() is None for p in agents):
+    while None in [p.poll() for p in agents]:  # every node polled: a failed one is seen at once
         now = time.monotonic()
         if signals.received and stop_at is None:
             code = 128 + signals.received[0]
@@ -348,4 +349,27 @@ def _wait(opts: RunOptions, lab: Lab, agents: list[subprocess.Popen[bytes]], sig
         if failed:
             node, code = failed[0]
             _say(f"node {node} exited with code {code}; see {logs / f'node{node}.log'}")
+    if code not in (0, 124) and not signals.received:
+        errors = [(i, _last_error(logs / f"node{i}.log")) for i in range(len(agents))]
+        for i, line in errors:
+            if line:
+                _say(f"node {i}: {line}")
     return code
+
+
+_ERROR_RE = re.compile(r"\b((?:titan_morph\.[\w.]+\.)?\w*(?:Error|Timeout)\w*): (.+)$")
+
+
+def _last_error(path: Path) -> str:
+    """The last titan_morph error of a node's log, one line (its ranks' waits name rank, link and
+    operation, so the nodes' lines together show which link broke and who waited on it)."""
+    found = ""
+    try:
+        with path.open(errors="replace") as fh:
+            for line in fh:
+                m = _ERROR_RE.search(line)
+                if m and m.group(1).startswith("titan_morph."):
+                    found = f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2)}"[:400]
+    except OSError:
+        return ""
+    return found
