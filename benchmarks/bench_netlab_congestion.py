@@ -183,9 +183,10 @@ def _simulated(logdir: Path, name: str) -> dict[str, float | None]:
     return {r["variant"]: r["simulated_ms"] for r in meta["runs"]}
 
 
-def _simulated_at(logdir: Path, name: str, rate: float) -> dict[str, float | None]:
+def _simulated_at(logdir: Path, name: str, rate: float, latency: float = 0.0) -> dict[str, float | None]:
     """The simulated column again, the limited link at ``rate`` (the payload rate TCP measured:
-    the wire's bytes include the headers of every packet)."""
+    the wire's bytes include the headers of every packet) and, with ``latency``, that latency per
+    message on the limited link (the others keep the base latency)."""
     from titan_morph.netlab.compare import plan_runs
 
     meta = json.loads((logdir / name / "comparison.json").read_text())
@@ -201,7 +202,21 @@ def _simulated_at(logdir: Path, name: str, rate: float) -> dict[str, float | Non
         base_latency_ms=float(meta["lab"]["base_latency_ms"]),
         prefix=PREFIX,
     )
+    if latency:
+        links = [copts.base_latency_ms] * (NODES - 1)
+        links[LINK] = latency
+        copts.link_latency_ms = tuple(links)
     return {r.variant.name: r.simulated_ms for r in plan_runs(copts)[1]}
+
+
+def _limited_latency(scalars: dict[str, dict[int, float]] | None, first: int) -> float | None:
+    """The limited link's per-message delay beyond its transmit time, both as the monitor measured
+    them (medians over the steps from ``first``; None where it did not identify the rate)."""
+    if scalars is None:
+        return None
+    delay = _median(scalars.get(f"morph/delay_ms/link{LINK}", {}), first)
+    transmit = _median(scalars.get(f"morph/transmit_ms/link{LINK}", {}), 1)
+    return None if delay is None or transmit is None else max(0.0, delay - transmit)
 
 
 def _bound_under_limit(opts: argparse.Namespace, base: float) -> float:
@@ -255,27 +270,35 @@ def report(opts: argparse.Namespace, logdir: Path, tcp: dict[str, float]) -> str
     if tcp:
         out.append(f"TCP over the limited path (2 MiB, data NIC): {tcp['mbit']:.2f} Mbit/s of payload.")
     out.append(f"Lower bound under the limit's link model (any schedule): {_bound_under_limit(opts, base):.1f} ms.")
+    extra = _limited_latency(tb.get(("shaped", "ZBH2")), first)
+    if extra is not None:
+        out.append(
+            f"Latency per message on the limited link beyond its transmit time (shaped ZBH2's monitor:"
+            f" delay - transmit): {extra:.1f} ms; the last simulated column adds it to that link."
+        )
     out += ["", "| run | schedule | measured ms | what | simulated ms | measured / simulated"
-            " | simulated at the TCP rate | measured / that | morph/bound_ms |",
-            "|---|---|---:|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+            " | simulated at the TCP rate | measured / that | + measured latency | measured / that | morph/bound_ms |",
+            "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     measured: dict[tuple[str, str], float | None] = {}
     for name in ("unshaped", "shaped", "shaped-delegate", "shaped-planned", "shaped-replan"):
         done = (logdir / name / "comparison.json").is_file()
         sims = _simulated(logdir, name) if done else {}
-        at_tcp = _simulated_at(logdir, name, tcp["mbit"]) if done and tcp and name != "unshaped" else sims
+        limited = done and tcp and name != "unshaped"
+        at_tcp = _simulated_at(logdir, name, tcp["mbit"]) if limited else sims
+        at_lat = _simulated_at(logdir, name, tcp["mbit"], extra) if limited and extra is not None else at_tcp
         for (n, v), scalars in tb.items():
             if n != name:
                 continue
             m, what = _measured(scalars, first)
             measured[(n, v)] = m
             sim = sims.get(v)
-            ratio = f"{m / sim:.3f}" if m and sim else "—"
             bound = _median(scalars.get("morph/bound_ms", {}), first)
             label = "ZBH2 (delegate)" if name == "shaped-delegate" else v
-            sim2 = at_tcp.get(v)
-            ratio2 = f"{m / sim2:.3f}" if m and sim2 else "—"
+            cells = []
+            for value in (sim, at_tcp.get(v), at_lat.get(v)):
+                cells += [f"{value or 0:.1f}", f"{m / value:.3f}" if m and value else "—"]
             out.append(
-                f"| {name} | {label} | {m or 0:.1f} | {what} | {sim or 0:.1f} | {ratio} | {sim2 or 0:.1f} | {ratio2} |"
+                f"| {name} | {label} | {m or 0:.1f} | {what} | {' | '.join(cells)} |"
                 f" {'—' if bound is None else f'{bound:.1f}'} |"
             )
 
@@ -318,11 +341,11 @@ def report(opts: argparse.Namespace, logdir: Path, tcp: dict[str, float]) -> str
             if ("trace", v) not in tb:
                 continue
             scalars = tb["trace", v]
-            cells = [_measured(scalars, max(a, 2), b)[0] for a, b, _ in phases]
+            times = [_measured(scalars, max(a, 2), b)[0] for a, b, _ in phases]
             det = _detected(scalars, rows[0][0])
             out.append(
                 f"| {v} | "
-                + " | ".join("—" if c is None else f"{c:.1f}" for c in cells)
+                + " | ".join("—" if c is None else f"{c:.1f}" for c in times)
                 + f" | {'never' if det is None else f'{det} step(s)'} |"
             )
     return "\n".join(out)

@@ -61,6 +61,9 @@ class CompareOptions:
     description: str = ""
     base_latency_ms: float = 0.0
     """Per-message latency every link adds in the simulated column (measured on the unshaped lab)."""
+    link_latency_ms: tuple[float, ...] = ()
+    """Per-link latencies of the simulated links instead (one per link), e.g. a limited link's
+    measured per-message latency beyond its transmit time."""
     prefix: str = "tmlab"
     timeout_s: float | None = None
     """Seconds per job (default: compare's, start-up plus 15 s a step)."""
@@ -115,16 +118,21 @@ def _simulated(
     rates, why = link_rates(opts.shapes, opts.nodes, opts.ranks_per_node)
     if rates is None:
         return None, why
+    if opts.link_latency_ms and len(opts.link_latency_ms) != opts.nodes - 1:
+        raise ComparisonError(
+            f"link latencies: {opts.nodes - 1} values (one per link), got {len(opts.link_latency_ms)}"
+        )
+    latency = ",".join(f"{x:g}" for x in opts.link_latency_ms) or f"{opts.base_latency_ms:g}"
     model = ["--morph.inject.mode", "none"]
-    if any(rates) or opts.base_latency_ms > 0:
-        model = ["--morph.inject.mode", "static", "--morph.inject.delays_ms", f"{opts.base_latency_ms:g}"]
+    if any(rates) or opts.base_latency_ms > 0 or any(opts.link_latency_ms):
+        model = ["--morph.inject.mode", "static", "--morph.inject.delays_ms", latency]
         model += ["--morph.inject.bandwidth_mbit", ",".join(f"{r:g}" for r in rates)] if any(rates) else []
     if variant.schedule == "PipeMorph" and variant.adapt and any(rates):
         # The plan re-planning settles on once the monitor has measured the wire: Alg. 2 for the
         # links' latency and transmit time (config.links.plan_transmit), slow links delegated
         # unless the variant keeps the default path.
         path = "default" if variant.transport == "default" else "delegate"
-        plan = ["--morph.plan_delays_ms", f"{opts.base_latency_ms:g}", "--morph.transport", path]
+        plan = ["--morph.plan_delays_ms", latency, "--morph.transport", path]
         settings = resolve_settings(config, [*args, *model, *plan])
         value, note = simulated_ms(settings, Variant(variant.name, "PipeMorph", path, False, ""), skip)
         return value, f"{note}; the plan for the measured links, on the {path} path"
