@@ -24,6 +24,7 @@ import json
 import os
 import shlex
 import shutil
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -308,6 +309,7 @@ def compare(
                 raise KeyboardInterrupt
     finally:
         lab.down()
+        print(f"netlab: lab {opts.prefix} removed", file=sys.stderr, flush=True)
     meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     meta["seconds"] = round(time.monotonic() - started, 1)
     meta["host_end"] = _host()
