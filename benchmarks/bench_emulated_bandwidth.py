@@ -20,7 +20,11 @@ Simulated: ``compare.predict.simulated_ms`` on the run's own settings: the plan 
 as the runtime builds it, executed by ``pipelining.simulate`` under the same ``link_model(...)``
 (rates and message size included) with the testbed's stage times and the transport's queue depth.
 For ZBH2/PipeMorph the runtime's own ``morph/predicted_ms`` (the simulator on the emulator's link
-object, in the job) is printed next to it: they must agree.
+object, in the job) is printed next to it: they must agree. The last columns explain what is left:
+the host latency per message the job measured on each link (``morph/send_latency_ms`` +
+``morph/latency_ms/link<i>``: the CPU emulation's own, which the link model takes as 0 and the
+testbed's device clock hides only in part) and the same simulation with it added to every link's
+latency ("simulated + λ", the same plan): an explanation, not the prediction to match.
 
     .venv/bin/python benchmarks/bench_emulated_bandwidth.py [--rate 25] [--link 2] [--message-kb 64]
         [--steps 12] [--skip 2] [--out table.md]
@@ -56,9 +60,10 @@ class Row:
     iteration_ms: float | None
     step_ms: float
     load: float
-    latency_ms: float | None
-    """Host latency per message (``morph/send_latency_ms`` + ``morph/latency_ms``), which the link
-    model takes as 0 and the device clock hides only in part: the likely cause of a ratio above 1."""
+    latency_ms: tuple[float, ...] | None
+    """Host latency per message and link (``morph/send_latency_ms`` + ``morph/latency_ms/link<i>``)."""
+    simulated_lambda_ms: float | None
+    """The simulation with ``latency_ms`` added to each link's latency (same plan)."""
 
     @property
     def measured_ms(self) -> float:
@@ -108,14 +113,14 @@ def simulated(schedule: str, args: list[str], skip: int) -> float:
     return value
 
 
-def latency(tb: dict[str, dict[int, float]], skip: int) -> float | None:
-    """Median host latency per message: the send's lateness after its producing op plus the link
-    model's delivery to the receiver's arrival (titan_morph's schedules record both)."""
-    sent, received = (
-        median_after(tb.get("morph/send_latency_ms", {}), skip),
-        median_after(tb.get("morph/latency_ms", {}), skip),
-    )
-    return None if sent is None or received is None else sent + received
+def latency(tb: dict[str, dict[int, float]], skip: int, links: int = 3) -> tuple[float, ...] | None:
+    """Median host latency per message on each link: the send's lateness after its producing op
+    plus the link model's delivery to the receiver's arrival (titan_morph's schedules record both)."""
+    sent = median_after(tb.get("morph/send_latency_ms", {}), skip)
+    received = [median_after(tb.get(f"morph/latency_ms/link{i}", {}), skip) for i in range(links)]
+    if sent is None or any(r is None for r in received):
+        return None
+    return tuple(sent + (r or 0.0) for r in received)
 
 
 def main() -> None:
@@ -151,6 +156,12 @@ def main() -> None:
             run_checked(CONFIG, dump, args, opts.timeout)
             progress.done(schedule)
             tb = read_scalars(dump)
+            lam = latency(tb, opts.skip)
+            with_lam = None
+            if lam is not None:  # the same plan (PipeMorph plans for plan_delays_ms, not the injected delays)
+                at = args.index("--morph.inject.delays_ms") + 1
+                spec = ",".join(f"{v:.3f}" for v in lam)
+                with_lam = simulated(schedule, [*args[:at], spec, *args[at + 1 :]], opts.skip)
             step = median_after({s: v * 1e3 for s, v in tb[STEP_TIME_TAG].items()}, opts.skip)
             assert step is not None
             row = Row(
@@ -161,7 +172,8 @@ def main() -> None:
                 median_after(tb.get(ITERATION_TAG, {}), opts.skip),
                 step,
                 max(load, os.getloadavg()[0]),
-                latency(tb, opts.skip),
+                lam,
+                with_lam,
             )
             rows.append(row)
             runtime = "" if row.runtime_predicted_ms is None else f", runtime prediction {row.runtime_predicted_ms:.1f}"
@@ -178,16 +190,19 @@ def main() -> None:
         f" messages ({tau:.2f} ms each on the wire); median of steps {opts.skip + 1}-{opts.steps}.",
         "",
         "| schedule | measured (ms) | what | step (ms) | simulated (ms) | runtime prediction (ms)"
-        " | measured / simulated | host latency per message (ms) | load |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        " | measured / simulated | load | host latency per message, links 0-2 (ms) | simulated + λ (ms)"
+        " | measured / (simulated + λ) |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in rows:
         runtime = "-" if r.runtime_predicted_ms is None else f"{r.runtime_predicted_ms:.1f}"
-        lat = "-" if r.latency_ms is None else f"{r.latency_ms:.2f}"
+        lat = "-" if r.latency_ms is None else ", ".join(f"{v:.2f}" for v in r.latency_ms)
+        sim_lam = "-" if r.simulated_lambda_ms is None else f"{r.simulated_lambda_ms:.1f}"
+        ratio_lam = "-" if r.simulated_lambda_ms is None else f"{r.measured_ms / r.simulated_lambda_ms:.3f}"
         what = "pipeline_ms" if r.pipeline_ms is not None else "step (end_to_end)"
         lines.append(
             f"| {r.schedule} | {r.measured_ms:.1f} | {what} | {r.step_ms:.1f} | {r.simulated_ms:.1f} | {runtime}"
-            f" | {r.ratio:.3f} | {lat} | {r.load:.1f} |"
+            f" | {r.ratio:.3f} | {r.load:.1f} | {lat} | {sim_lam} | {ratio_lam} |"
         )
     by = {r.schedule: r for r in rows}
     overheads = [r.step_ms - r.pipeline_ms for r in rows if r.pipeline_ms is not None]
