@@ -209,14 +209,20 @@ def _simulated_at(logdir: Path, name: str, rate: float, latency: float = 0.0) ->
     return {r.variant.name: r.simulated_ms for r in plan_runs(copts)[1]}
 
 
-def _limited_latency(scalars: dict[str, dict[int, float]] | None, first: int) -> float | None:
-    """The limited link's per-message delay beyond its transmit time, both as the monitor measured
-    them (medians over the steps from ``first``; None where it did not identify the rate)."""
+def _limited_latency(
+    scalars: dict[str, dict[int, float]] | None, first: int, wire_ms: float | None
+) -> tuple[float, str] | None:
+    """The limited link's per-message delay (the monitor's, medians over the steps from ``first``)
+    beyond its time on the wire: the monitor's transmit time where it identified the rate, else
+    ``wire_ms`` (size / the TCP payload rate); with where the wire time came from."""
     if scalars is None:
         return None
     delay = _median(scalars.get(f"morph/delay_ms/link{LINK}", {}), first)
     transmit = _median(scalars.get(f"morph/transmit_ms/link{LINK}", {}), 1)
-    return None if delay is None or transmit is None else max(0.0, delay - transmit)
+    source = "the monitor's transmit time"
+    if transmit is None:
+        transmit, source = wire_ms, "size / the TCP payload rate"
+    return None if delay is None or transmit is None else (max(0.0, delay - transmit), source)
 
 
 def _bound_under_limit(opts: argparse.Namespace, base: float) -> float:
@@ -270,11 +276,13 @@ def report(opts: argparse.Namespace, logdir: Path, tcp: dict[str, float]) -> str
     if tcp:
         out.append(f"TCP over the limited path (2 MiB, data NIC): {tcp['mbit']:.2f} Mbit/s of payload.")
     out.append(f"Lower bound under the limit's link model (any schedule): {_bound_under_limit(opts, base):.1f} ms.")
-    extra = _limited_latency(tb.get(("shaped", "ZBH2")), first)
-    if extra is not None:
+    wire_ms = opts.message_kb * 1024 * 8 / (tcp["mbit"] * 1e3) if tcp else None
+    found = _limited_latency(tb.get(("shaped", "ZBH2")), first, wire_ms)
+    extra = None if found is None else found[0]
+    if found is not None:
         out.append(
-            f"Latency per message on the limited link beyond its transmit time (shaped ZBH2's monitor:"
-            f" delay - transmit): {extra:.1f} ms; the last simulated column adds it to that link."
+            f"Latency per message on the limited link beyond its wire time (shaped ZBH2: the monitor's"
+            f" delay - {found[1]}): {found[0]:.1f} ms; the last simulated column adds it to that link."
         )
     out += ["", "| run | schedule | measured ms | what | simulated ms | measured / simulated"
             " | simulated at the TCP rate | measured / that | + measured latency | measured / that | morph/bound_ms |",
