@@ -5,8 +5,8 @@ of 4 nodes x 1 rank, one job per variant on one lab (``netlab compare``). Link 2
 is limited by ``tc`` (htb) to ``--rate`` Mbit/s in both directions on both NICs (``data``: the
 per-link groups; ``host``: the delegates, and torch's own groups, which carry the default
 transport of torch's schedules), so every transport of that link crosses the same limit and only
-head-of-line blocking differs between them. The lab's NICs send segments of at most
-``--gso-max-bytes`` (default one 1514-byte frame): htb lets a whole segment through on credit, so
+head-of-line blocking differs between them. The lab's NICs send segments of one
+1514-byte frame (``netlab.lab.GSO_MAX_BYTES``): htb lets a whole segment through on credit, so
 with the kernel's 64 KiB segments a message spaced out by compute crosses at line rate and the
 limit only holds on average (measured: the runs come out faster than size / rate allows).
 Messages are ``[morph.synthetic] message_kb``: with
@@ -58,7 +58,7 @@ from bench_emulated_bandwidth import CONFIG  # the same testbed as the emulated-
 from titan_morph.compare.results import PIPELINE_TAG, STEP_TIME_TAG, read_scalars
 from titan_morph.compare.variants import parse_variants
 from titan_morph.netlab.compare import CompareOptions, compare
-from titan_morph.netlab.lab import Lab, ip
+from titan_morph.netlab.lab import Lab
 from titan_morph.netlab.run import parse_shape_spec
 from titan_morph.netlab.schedule import Event
 from titan_morph.netlab.shape import shape, unshape
@@ -114,10 +114,6 @@ def _run(opts: argparse.Namespace, logdir: Path, base_latency: float, tcp: dict[
 
     def lab_compare(name: str, variants: str, shapes: list[Event], schedule: list[Event], extra: list[str]) -> None:
         def on_lab(lab: Lab) -> None:
-            if opts.gso_max_bytes:  # the kernel's 64 KiB segments would pass a rate limit in one go
-                for i in range(lab.nodes):
-                    for nic in lab.nics:
-                        ip("link", "set", "dev", nic, "gso_max_size", str(opts.gso_max_bytes), netns=lab.node(i))
             if name == "shaped":  # the limit as TCP sees it, once
                 shape(lab, LINK, LINK + 1, "data", opts.rate)
                 nbytes = 2 * 2**20
@@ -366,12 +362,6 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16, help="training steps per job")
     parser.add_argument("--skip", type=int, default=6, help="first steps left out of the medians")
     parser.add_argument("--base-latency", type=float, help="ms per message in the simulated links (default: measured)")
-    parser.add_argument(
-        "--gso-max-bytes",
-        type=int,
-        default=1514,
-        help="cap the lab NICs' segments (htb lets one whole segment through on credit; 0: the kernel's 64 KiB)",
-    )
     parser.add_argument("--logdir", type=Path, help="keep the comparisons here (default: a temporary folder)")
     parser.add_argument("--only", default="unshaped,shaped,planned,trace", help="comparisons to run")
     parser.add_argument("--report-only", action="store_true", help="re-read --logdir, run nothing")
