@@ -194,6 +194,14 @@ def test_the_shm_check_names_the_size_and_how_to_raise_it(monkeypatch, capsys) -
         Exception, match=r"need .* in /dev/shm .* but only 1.0 KiB is free: raise it \(docker run --shm-size="
     ):
         shm_space.check_shm_space(job, settings, free=1024)
+    # the synthetic testbed's message_kb is the message, whatever the model's width
+    _, sized = load(
+        "train_configs/synthetic_cpu.toml", ["--morph.transport", "auto", "--morph.synthetic.message_kb", "4096"]
+    )
+    big = shm_space.delegate_shm_bytes(sized, 4096 * 1024)
+    shm_space.check_ring_space(sized, message, free=big)
+    with pytest.raises(Exception, match="4.0 MiB each"):
+        shm_space.check_ring_space(sized, message, free=big - 1)
     _, default = load("train_configs/debug_cpu.toml", ["--morph.transport", "default"])
     assert shm_space.delegate_shm_bytes(default, message) == 0
 

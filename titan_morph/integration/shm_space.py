@@ -14,6 +14,7 @@ from typing import Any
 from titan_morph.comm.shm import DEFAULT_SLOTS, segment_bytes
 from titan_morph.comm.system import SHM_DIR, shm_free_bytes
 from titan_morph.config import ConfigError, Settings
+from titan_morph.config.links import configured_message_bytes
 
 __all__ = ["check_ring_space", "check_shm_space", "delegate_shm_bytes", "message_bytes"]
 
@@ -75,7 +76,9 @@ def check_ring_space(
     """:class:`ConfigError` when the delegates' rings of this host, for pipeline messages of
     ``message`` bytes (None: unknown, nothing checked), would not fit in /dev/shm's free space
     (``free``: that space, read from the system when None; ``ranks_here``: this node's ranks when the
-    job spans several nodes). Each release's launcher finds the message size in its own config."""
+    job spans several nodes). Each release's launcher finds the message size in its own config;
+    the synthetic testbed's ``message_kb`` fixes it whatever the model."""
+    message = configured_message_bytes(settings) or message
     if message is None:
         return
     needed = delegate_shm_bytes(settings, message, ranks_here=ranks_here)
