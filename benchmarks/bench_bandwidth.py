@@ -1,9 +1,9 @@
-"""Bandwidth benchmark: PipeMorph under links with a per-message transmit time (issue "links with
-limited bandwidth"), side by side with the exact CP-SAT optimum of the same model.
+"""Bandwidth benchmark: PipeMorph under links with a per-message transmit time (size / rate, one
+message at a time per direction), side by side with the exact CP-SAT optimum of the same model.
 
 Prints markdown tables (no assertions; tests/pipelining/test_bandwidth.py checks correctness):
 
-(a) the issue's table: S = 4, N = 24, F = B = W = 10 ms, transmit tau on the last link, memory
+(a) the reference table: S = 4, N = 24, F = B = W = 10 ms, transmit tau on the last link, memory
     unbounded: the optimum, PipeMorph planned for a delay tau (the delay-only model: the old plans),
     PipeMorph planned under the bandwidth model (Alg. 2 + Alg. 3/4 alone, and with the search), ZB-H2;
 (b) held-out random instances (``instances.bandwidth_set``: S 3–5, N 8–24, one or two slow links with
