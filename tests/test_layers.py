@@ -159,3 +159,18 @@ def test_no_getattr_probing_of_a_transport():
                 if any(s in target for s in suspects):
                     found.append(f"{_module(path)}:{node.lineno}: {ast.unparse(node)}")
     assert not found, found
+
+
+def test_test_modules_outside_packages_have_unique_names():
+    """pytest imports a test module of a folder without ``__init__.py`` by its bare file name: two
+    such modules with one name stop the whole run at collection (``import file mismatch``)."""
+    tests = Path(__file__).resolve().parent
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted(tests.rglob("test_*.py")):
+        if (path.parent / "__init__.py").exists():
+            continue
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(tests)} ~ {path.relative_to(tests)}")
+        seen.setdefault(path.name, path)
+    assert not clashes, clashes
