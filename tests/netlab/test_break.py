@@ -82,15 +82,14 @@ def test_a_step_keyed_break_is_applied_when_the_job_begins_that_step(lab3: Lab, 
 UNDISTURBED_LOSSES = [7.92412, 7.74408, 7.23808, 6.59638, 5.81358, 5.37981, 5.01301, 4.87124, 4.66693, 4.68081]
 
 
-@pytest.mark.netlab
-def test_a_data_path_broken_at_step_3_fails_over_with_the_losses_of_an_undisturbed_run(
-    namespaces_ok: None, tmp_path: Path, no_leftovers: Callable[[Path], None]
-):
-    dump, before = tmp_path / "run", shm_segments()
+def _break_at_step_3(tmp_path: Path, transport: str) -> tuple[int, str, Path]:
+    """A 4-node PipeMorph job under ``transport`` whose data path 1 <-> 2 breaks when step 3 begins;
+    the job's exit code, output and dump folder. [comm] train timeout 20 s: the stall bound of
+    ``auto`` is 5 s (the default 100 s gives 25 s, same result)."""
+    dump = tmp_path / "run"
     schedule = tmp_path / "break.csv"
     schedule.write_text("time_s,from,to,nic,rate_mbit\nstep=3,1,2,data,break\n")
-    train = ["--parallelism.pipeline_parallel_schedule", "PipeMorph", "--morph.transport", "auto"]
-    # [comm] train timeout 20 s: the stall bound is 5 s (the default 100 s gives 25 s, same result)
+    train = ["--parallelism.pipeline_parallel_schedule", "PipeMorph", "--morph.transport", transport]
     train += ["--comm.train_timeout_seconds", "20", "--job.dump_folder", str(dump)]
     cmd = [sys.executable, "-m", "titan_morph.netlab", "run", "--prefix", PREFIX, "--nodes", "4"]
     cmd += ["--ranks-per-node", "1", "--schedule", str(schedule), "--", *train]
@@ -104,7 +103,25 @@ def test_a_data_path_broken_at_step_3_fails_over_with_the_losses_of_an_undisturb
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 0, out[-3000:]
+    return proc.returncode, out, dump
+
+
+def _nothing_left(dump: Path, before: set[str], no_leftovers: Callable[[Path], None]) -> None:
+    assert lab_namespaces(PREFIX) == []
+    no_leftovers(dump)
+    deadline = time.monotonic() + 10
+    while (stale := shm_segments() - before - segments_in_use()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not stale
+
+
+@pytest.mark.netlab
+def test_a_data_path_broken_at_step_3_fails_over_with_the_losses_of_an_undisturbed_run(
+    namespaces_ok: None, tmp_path: Path, no_leftovers: Callable[[Path], None]
+):
+    before = shm_segments()
+    code, out, dump = _break_at_step_3(tmp_path, "auto")
+    assert code == 0, out[-3000:]
     assert "netlab: schedule: step 3 break 1<->2 on data" in out, out[-3000:]
     losses = [float(loss) for _, loss in LOSS_RE.findall(out)]
     assert losses == UNDISTURBED_LOSSES, out[-3000:]
@@ -115,12 +132,7 @@ def test_a_data_path_broken_at_step_3_fails_over_with_the_losses_of_an_undisturb
     assert sorted(moved[1]) == sorted(moved[2]) == [("1", "bwd", "3"), ("1", "fwd", "3")], moved
     assert moved[0] == moved[3] == [], moved
     assert "the data path is broken" in logs[1] + logs[2]
-    assert lab_namespaces(PREFIX) == []
-    no_leftovers(dump)
-    deadline = time.monotonic() + 10
-    while (stale := shm_segments() - before - segments_in_use()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not stale
+    _nothing_left(dump, before, no_leftovers)
 
 
 @pytest.mark.slow
@@ -131,24 +143,9 @@ def test_under_default_a_broken_data_path_ends_the_job_within_its_timeout_naming
     """``transport = "default"`` has nowhere to move a link: with ``data_ifname`` (netlab passes
     ``data``) its pipeline traffic is on per-link groups over the data NIC, so the break stalls it,
     and every rank's wait ends at the [comm] train timeout; the two ends of link 1 name it."""
-    dump, before = tmp_path / "run", shm_segments()
-    schedule = tmp_path / "break.csv"
-    schedule.write_text("time_s,from,to,nic,rate_mbit\nstep=3,1,2,data,break\n")
-    train = ["--parallelism.pipeline_parallel_schedule", "PipeMorph", "--morph.transport", "default"]
-    train += ["--comm.train_timeout_seconds", "20", "--job.dump_folder", str(dump)]
-    cmd = [sys.executable, "-m", "titan_morph.netlab", "run", "--prefix", PREFIX, "--nodes", "4"]
-    cmd += ["--ranks-per-node", "1", "--schedule", str(schedule), "--", *train]
-    env = {k: v for k, v in os.environ.items() if k not in ("CONFIG_FILE", "TITAN_MORPH_RUN_ID")}
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env, start_new_session=True
-    )
-    try:
-        out, _ = proc.communicate(timeout=420)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode not in (0, 124), out[-3000:]
+    before = shm_segments()
+    code, out, dump = _break_at_step_3(tmp_path, "default")
+    assert code not in (0, 124), out[-3000:]
     losses = [float(loss) for _, loss in LOSS_RE.findall(out)]
     assert losses == UNDISTURBED_LOSSES[:2], out[-3000:]  # steps 1 and 2, then the break
     node_lines = dict(re.findall(r"netlab: node (\d): (LinkFailedError: .*)", out))
@@ -156,9 +153,4 @@ def test_under_default_a_broken_data_path_ends_the_job_within_its_timeout_naming
         line = node_lines.get(node, "")
         assert re.search(rf"(send to|receive from) stage {peer} on link 1 \((fwd|bwd)\)", line), out[-3000:]
         assert "(bound 20 s)" in line
-    assert lab_namespaces(PREFIX) == []
-    no_leftovers(dump)
-    deadline = time.monotonic() + 10
-    while (stale := shm_segments() - before - segments_in_use()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not stale
+    _nothing_left(dump, before, no_leftovers)
