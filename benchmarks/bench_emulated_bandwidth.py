@@ -103,7 +103,7 @@ def simulated(schedule: str, args: list[str], skip: int) -> float:
     """The offline prediction for the job, from its own settings (compare.predict)."""
     from titan_morph.compare.predict import simulated_ms
     from titan_morph.compare.variants import Variant
-    from titan_morph.integration.jobconfig import load
+    from titan_morph.integration.titan022.jobconfig import load
 
     settings = load(CONFIG, args)[1]
     variant = Variant(schedule, schedule, settings.morph.transport, False, "")

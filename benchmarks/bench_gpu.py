@@ -77,7 +77,7 @@ def throughput(rank: int, repeat: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from titan_morph.comm.delegate import DelegateTransport
+    from titan_morph.comm.delegate.transport import DelegateTransport
 
     out: dict = {}
     with DelegateTransport(stage=rank, num_stages=2, device="cuda:0") as tr:
@@ -118,7 +118,7 @@ def isolation(rank: int, repeat: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from titan_morph.comm.delegate import DelegateTransport
+    from titan_morph.comm.delegate.transport import DelegateTransport
     from titan_morph.pipelining.links import StaticDelays
 
     out: dict = {"alone": [], "delegated": [], "blocking": [], "unpack_ms": []}

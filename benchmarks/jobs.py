@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from titan_morph.comm.system import environ, proc_status, process_name
+from titan_morph.comm.machine.system import environ, proc_status, process_name
 from titan_morph.compare.runner import LOG_FILE, Outcome, marked_processes, run_command, run_job
 
 __all__ = ["JobProcess", "WatchedJob", "rss_kb"]
@@ -143,7 +143,7 @@ class WatchedJob:
                 kind = "send delegate"
             elif name.startswith("tm-recv"):
                 kind = "receive delegate"
-            elif "titan_morph.comm.delegate_worker" in cmd:
+            elif "titan_morph.comm.delegate.worker" in cmd:
                 kind = "delegate root"
             elif "titan_morph.train" in cmd and "torch.distributed.run" not in cmd and "launch supervise" not in cmd:
                 kind = "rank"

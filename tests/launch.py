@@ -26,7 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from titan_morph.comm.system import cmdline, pids, state
+from titan_morph.comm.machine.system import cmdline, pids, state
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "train_configs" / "debug_cpu.toml"

@@ -1,10 +1,11 @@
 """The package layers point one way, the planner loads no torch, and nothing probes a transport.
 
-Layers, lowest first: pipelining (the planner) -> comm (transports) -> monitor -> runtime ->
-config (the schema and its resolution, no TorchTitan) -> integration (TorchTitan glue, with the
-entry points ``titan_morph.train`` and ``titan_morph.launch``, and ``titan_morph.configs``, TorchTitan 0.3.0's
-config functions) -> compare. A module may import its
-own layer and the ones below; every import counts, also those inside functions.
+Layers, lowest first: pipelining (the planner) -> comm (transports, one subpackage per mechanism)
+-> monitor -> runtime -> config (the schema and its resolution, no TorchTitan) -> integration
+(TorchTitan glue: one folder per release, ``titan022/`` and ``titan03/``, beside what they share;
+the entry points ``titan_morph.train``, ``titan_morph.launch`` and ``titan_morph.configs``) ->
+compare -> netlab. A module may import its own layer and the ones below; every import counts, also
+those inside functions.
 """
 
 from __future__ import annotations
@@ -174,3 +175,40 @@ def test_test_modules_outside_packages_have_unique_names():
             clashes.append(f"{seen[path.name].relative_to(tests)} ~ {path.relative_to(tests)}")
         seen.setdefault(path.name, path)
     assert not clashes, clashes
+
+
+MAX_LINES = 600
+
+
+def test_no_module_is_longer_than_a_reader_can_hold():
+    long = [f"{_module(p)}: {n} lines" for p in _files() if (n := len(p.read_text().splitlines())) > MAX_LINES]
+    assert not long, long
+
+
+def test_comm_keeps_its_mechanisms_in_their_own_rooms():
+    """``comm/`` holds the protocol and what every mechanism shares; each mechanism is a subpackage."""
+    top = sorted(p.name for p in (PACKAGE / "comm").glob("*.py"))
+    assert len(top) <= 10, top
+    assert {"delegate", "failover", "emulator"} <= {p.name for p in (PACKAGE / "comm").iterdir() if p.is_dir()}
+
+
+RELEASES = ("titan022", "titan03")
+DISPATCH = {"titan_morph.integration.release", "titan_morph.integration.config"}  # picks / aliases a release
+
+
+def _release(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "integration" and parts[2] in RELEASES else None
+
+
+def test_release_adapters_import_only_themselves_and_what_they_share():
+    """One TorchTitan release's adapter never imports the other's, and the shared integration
+    modules import neither (but the module that tells which release runs, and the old config name)."""
+    wrong = []
+    for src, dst, line in _edges():
+        a, b = _release(src), _release(dst)
+        if b is None or a == b:
+            continue
+        if a is not None or (src.startswith("titan_morph.integration.") and src not in DISPATCH):
+            wrong.append(f"{src}:{line} imports {dst}")
+    assert not wrong, wrong

@@ -43,7 +43,7 @@ def _late_consumer(rank: int, world: int, kind: str) -> dict:
 
         tr = EmulatedTransport(TorchTransport(), links, stage=rank, num_stages=world, depth=2, epoch=epoch)
     else:
-        from titan_morph.comm.delegate import DelegateTransport
+        from titan_morph.comm.delegate.transport import DelegateTransport
         from titan_morph.comm.timeouts import CommTimeouts
 
         tr = DelegateTransport(stage=rank, num_stages=world, links=links, epoch=epoch, timeouts=CommTimeouts.fixed(30))
@@ -100,8 +100,8 @@ def _failover_records(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
     from titan_morph.comm import EmulatedTransport, TorchTransport, sync_clock
-    from titan_morph.comm.delegate import DelegateTransport
-    from titan_morph.comm.failover import FailoverTransport
+    from titan_morph.comm.delegate.transport import DelegateTransport
+    from titan_morph.comm.failover.transport import FailoverTransport
     from titan_morph.comm.timeouts import CommTimeouts
     from titan_morph.pipelining.links import StaticDelays
 
@@ -153,7 +153,7 @@ def test_failover_take_records_covers_both_paths() -> None:
 
 
 def test_failover_rejects_transports_with_different_epochs() -> None:
-    from titan_morph.comm.failover import FailoverTransport
+    from titan_morph.comm.failover.transport import FailoverTransport
 
     group = types.SimpleNamespace(group_name="pp")
     with pytest.raises(ValueError, match="share one epoch"):

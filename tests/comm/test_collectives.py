@@ -1,4 +1,4 @@
-"""The DP collective emulator (``titan_morph.comm.collectives``) on real gloo ranks.
+"""The DP collective emulator (``titan_morph.comm.emulator.collectives``) on real gloo ranks.
 
 A collective whose ring crosses a slow host pair really completes later, by its ring steps x the
 pair's delay, with correct results; collectives of one group complete in issue order; a group
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.launch import run_ranks
-from titan_morph.comm.collectives import PairDelays, ring_pairs, ring_steps
+from titan_morph.comm.emulator.collectives import PairDelays, ring_pairs, ring_steps
 
 DELAY_MS = 40.0
 
@@ -47,7 +47,7 @@ def _slow_pair(rank: int, world: int, hosts: list[int]) -> dict:
     import torch
     import torch.distributed as dist
 
-    from titan_morph.comm import collectives
+    from titan_morph.comm.emulator import collectives
 
     collectives.register()
     collectives.configure(hosts, PairDelays({(0, 1): DELAY_MS}))

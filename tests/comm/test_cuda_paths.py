@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from tests.comm.fakes import PollingEvent
-from titan_morph.comm import delegate_pool, shm
-from titan_morph.comm import delegate_worker as wire
-from titan_morph.comm.delegate_pool import DelegateEnd, DelegatePool
-from titan_morph.comm.delegate_slots import SlotPath
-from titan_morph.comm.shm import CudaCallError, Segment
+from titan_morph.comm.delegate import pool as delegate_pool
+from titan_morph.comm.delegate import shm
+from titan_morph.comm.delegate import worker as wire
+from titan_morph.comm.delegate.pool import DelegateEnd, DelegatePool
+from titan_morph.comm.delegate.shm import CudaCallError, Segment
+from titan_morph.comm.delegate.slots import SlotPath
 
 
 class FakeCudart:
@@ -157,7 +158,7 @@ def test_close_unmaps_only_after_the_device_copies_drained(cudart, caplog) -> No
         cudart.rc["unregister"] = 4 if drained else 0
         dg.segments[0] = seg
         pool = _bare_pool([dg], drained=drained)
-        with caplog.at_level(logging.WARNING, logger="titan_morph.comm.delegate_pool"):
+        with caplog.at_level(logging.WARNING, logger="titan_morph.comm.delegate.pool"):
             pool.stop(0.1, drain=False)
         try:
             if drained:
@@ -174,26 +175,27 @@ def test_close_unmaps_only_after_the_device_copies_drained(cudart, caplog) -> No
 
 
 def test_the_shm_check_names_the_size_and_how_to_raise_it(monkeypatch, capsys) -> None:
-    from titan_morph.integration import launcher, shm_space
-    from titan_morph.integration.jobconfig import load
+    from titan_morph.integration import shm_space
+    from titan_morph.integration.titan022 import launcher
+    from titan_morph.integration.titan022.jobconfig import load
 
     job, settings = load("train_configs/debug_cpu.toml", ["--morph.transport", "auto"])
-    message = shm_space.message_bytes(job, settings)
+    message = launcher.message_bytes(job, settings)
     assert message is not None and message > 0
     needed = shm_space.delegate_shm_bytes(settings, message)
     rings = settings.num_links * 4 * settings.morph.delegates_per_link * settings.dp_degree
     assert needed == rings * shm.segment_bytes(message, shm.DEFAULT_SLOTS)
-    shm_space.check_shm_space(job, settings, free=needed)  # fits: nothing to say
+    shm_space.check_ring_space(settings, message, free=needed)  # fits: nothing to say
     # one node of two (2 of the 4 ranks) holds half of the ring ends
     half = shm_space.delegate_shm_bytes(settings, message, ranks_here=2)
     assert half == rings // 2 * shm.segment_bytes(message, shm.DEFAULT_SLOTS)
-    shm_space.check_shm_space(job, settings, free=half, ranks_here=2)
+    shm_space.check_ring_space(settings, message, free=half, ranks_here=2)
     with pytest.raises(Exception, match="need"):
-        shm_space.check_shm_space(job, settings, free=half, ranks_here=4)
+        shm_space.check_ring_space(settings, message, free=half, ranks_here=4)
     with pytest.raises(
         Exception, match=r"need .* in /dev/shm .* but only 1.0 KiB is free: raise it \(docker run --shm-size="
     ):
-        shm_space.check_shm_space(job, settings, free=1024)
+        shm_space.check_ring_space(settings, message, free=1024)
     # the synthetic testbed's message_kb is the message, whatever the model's width
     _, sized = load(
         "train_configs/synthetic_cpu.toml", ["--morph.transport", "auto", "--morph.synthetic.message_kb", "4096"]

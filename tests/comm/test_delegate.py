@@ -65,7 +65,7 @@ def _stream(rank: int, world: int, k: int, n: int, big: bool, slots: int = 2) ->
     import torch
     import torch.distributed as dist
 
-    from titan_morph.comm.delegate import DelegateTransport
+    from titan_morph.comm.delegate.transport import DelegateTransport
     from titan_morph.comm.timeouts import CommTimeouts
 
     bad: list[str] = []
@@ -124,7 +124,7 @@ def _stream(rank: int, world: int, k: int, n: int, big: bool, slots: int = 2) ->
 
 def _check(results: list[dict]) -> None:
     from tests.launch import processes_mentioning
-    from titan_morph.comm.shm import leftovers
+    from titan_morph.comm.delegate.shm import leftovers
 
     sent = {k: v for r in results for k, v in r["sent"].items()}
     received = {k: v for r in results for k, v in r["received"].items()}
@@ -155,8 +155,8 @@ def _delayed(rank: int, world: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from titan_morph.comm.delegate import DelegateTransport
-    from titan_morph.comm.emulator import CommTimeoutError
+    from titan_morph.comm.delegate.transport import DelegateTransport
+    from titan_morph.comm.emulator.transport import CommTimeoutError
     from titan_morph.pipelining.links import StaticDelays
 
     out: dict = {}

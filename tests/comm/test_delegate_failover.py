@@ -25,8 +25,8 @@ def _failover(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
     from titan_morph.comm import EmulatedTransport, TorchTransport, sync_clock
-    from titan_morph.comm.delegate import DelegateTransport
-    from titan_morph.comm.failover import FailoverTransport
+    from titan_morph.comm.delegate.transport import DelegateTransport
+    from titan_morph.comm.failover.transport import FailoverTransport
     from titan_morph.pipelining.links import TraceDelays, TraceEvent
 
     links = TraceDelays(1, (TraceEvent(3, 0, math.inf),), key="step")  # link 0 down from step 3 on

@@ -20,7 +20,7 @@ import pytest
 
 from tests.comm.fakes import PollingEvent
 from tests.launch import run_ranks
-from titan_morph.comm.system import process_name, process_table
+from titan_morph.comm.machine.system import process_name, process_table
 
 
 def children(pid: int) -> list[int]:
@@ -45,7 +45,7 @@ def _exchange(tr, rank: int, value: float, peer: int | None = None) -> list[floa
 def _stop_and_continue(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
-    from titan_morph.comm.delegate import DelegateTransport
+    from titan_morph.comm.delegate.transport import DelegateTransport
 
     out: dict = {}
     with DelegateTransport(stage=rank, num_stages=world) as tr:
@@ -80,7 +80,7 @@ def _kill_a_delegate(rank: int, world: int, strict: bool) -> dict:
 
     import torch.distributed as dist
 
-    from titan_morph.comm.delegate import DelegateError, DelegateTransport
+    from titan_morph.comm.delegate.transport import DelegateError, DelegateTransport
     from titan_morph.comm.timeouts import CommTimeouts
 
     out: dict = {"reports": []}
@@ -145,7 +145,7 @@ def _bounded_waits(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
     from titan_morph.comm import CommTimeoutError, EmulatedTransport, TorchTransport, sync_clock
-    from titan_morph.comm.delegate import DelegateTransport
+    from titan_morph.comm.delegate.transport import DelegateTransport
     from titan_morph.comm.timeouts import CommTimeouts
     from titan_morph.pipelining.links import StaticDelays
 
@@ -197,7 +197,7 @@ def _close_waits_for_the_peer(rank: int, world: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from titan_morph.comm.delegate import DelegateTransport
+    from titan_morph.comm.delegate.transport import DelegateTransport
 
     out: dict = {}
     tr = DelegateTransport(stage=rank, num_stages=world)
@@ -239,7 +239,7 @@ def _failed_send_keeps_state(rank: int, world: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from titan_morph.comm.delegate import DelegateTransport
+    from titan_morph.comm.delegate.transport import DelegateTransport
 
     out: dict = {}
     with DelegateTransport(stage=rank, num_stages=world) as tr:
@@ -279,7 +279,7 @@ def test_a_send_that_fails_midway_leaves_the_link_as_it_was() -> None:
 
 
 def test_receive_slots_are_released_when_their_copy_completes_without_blocking() -> None:
-    from titan_morph.comm.delegate import DeferredReleases
+    from titan_morph.comm.delegate.transport import DeferredReleases
 
     released: list[int] = []
     pending = DeferredReleases()
@@ -296,7 +296,7 @@ def test_receive_slots_are_released_when_their_copy_completes_without_blocking()
 def test_a_failed_pin_names_the_cuda_error_and_clears_it(monkeypatch, tmp_path) -> None:
     import torch
 
-    from titan_morph.comm import shm
+    from titan_morph.comm.delegate.transport import shm
 
     class FakeCudart:
         def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:

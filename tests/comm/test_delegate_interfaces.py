@@ -32,7 +32,7 @@ def _bound_to_lo(rank: int, world: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from titan_morph.comm.delegate import DelegateTransport
+    from titan_morph.comm.delegate.transport import DelegateTransport
     from titan_morph.comm.groups import cpu_group
     from titan_morph.comm.pairs import LinkGroups, LinkTransport
     from titan_morph.comm.timeouts import CommTimeouts

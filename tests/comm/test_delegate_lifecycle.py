@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from titan_morph.comm.shm import leftovers
+from titan_morph.comm.delegate.shm import leftovers
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -42,7 +42,7 @@ def _exchange(tr, rank: int) -> None:
 
 
 def _close_and_raise(rank: int, world: int) -> list[str]:
-    from titan_morph.comm.delegate import DelegateTransport
+    from titan_morph.comm.delegate.transport import DelegateTransport
 
     tokens = []
     tr = DelegateTransport(stage=rank, num_stages=world, delegates_per_link=2)
@@ -86,7 +86,7 @@ def _rank_main(rank: int, world: int, port: int) -> None:
 
     import torch.distributed as dist
 
-    from titan_morph.comm.delegate import DelegateTransport
+    from titan_morph.comm.delegate.transport import DelegateTransport
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)

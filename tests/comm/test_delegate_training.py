@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests.launch import processes_mentioning, torchrun
-from titan_morph.comm.shm import leftovers
+from titan_morph.comm.delegate.shm import leftovers
 
 STEPS = 5
-DELEGATE = "titan_morph.comm.delegate_worker"
+DELEGATE = "titan_morph.comm.delegate.worker"
 COMMON = ("--training.steps", str(STEPS), "--training.seq_len", "32", "--metrics.log_freq", "1")
 
 

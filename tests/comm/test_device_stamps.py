@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from titan_morph.comm.device_stamps import DeviceStamps
-from titan_morph.comm.devices import StreamMarks
+from titan_morph.comm.machine.devices import StreamMarks
+from titan_morph.comm.machine.stamps import DeviceStamps
 from titan_morph.comm.records import MessageRecord
 from titan_morph.monitor.delays import estimate_links
 from titan_morph.runtime.exchange import step_profile

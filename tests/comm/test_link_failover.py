@@ -48,8 +48,8 @@ def _stream(rank: int, world: int, scenario: str) -> dict:
     import torch.distributed as dist
 
     from titan_morph.comm import RecordedTransport, sync_clock
-    from titan_morph.comm.delegate import DelegateTransport
-    from titan_morph.comm.failover import FailoverTransport
+    from titan_morph.comm.delegate.transport import DelegateTransport
+    from titan_morph.comm.failover.transport import FailoverTransport
     from titan_morph.comm.pairs import BreakPlan, LinkFailedError, LinkGroups, LinkTransport
     from titan_morph.comm.timeouts import CommTimeouts
 
@@ -246,8 +246,8 @@ def _toy_train(rank: int, world: int, scenario: str) -> dict:
         inner = _blackholed(TorchTransport, rank, lambda: "0")(epoch)
         tr = RecordedTransport(inner, stage=rank, num_stages=world, epoch=epoch)
     else:
-        from titan_morph.comm.delegate import DelegateTransport
-        from titan_morph.comm.failover import FailoverTransport
+        from titan_morph.comm.delegate.transport import DelegateTransport
+        from titan_morph.comm.failover.transport import FailoverTransport
         from titan_morph.comm.pairs import LinkGroups, LinkTransport
 
         groups = LinkGroups(stage=rank, num_stages=world, namespace=f"toy-{scenario}", timeouts=timeouts)

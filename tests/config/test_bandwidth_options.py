@@ -127,7 +127,7 @@ def test_pipemorph_plans_for_the_injected_rates_with_plan_delays():
 def test_predictor_uses_the_rates_and_the_same_plan_as_the_runtime():
     from titan_morph.compare.predict import simulated_ms
     from titan_morph.compare.variants import VARIANTS
-    from titan_morph.integration.jobconfig import load
+    from titan_morph.integration.titan022.jobconfig import load
 
     base = ["--morph.inject.mode", "static", "--morph.inject.delays_ms", "0", "--training.steps", "4"]
     rated = [*base, "--morph.inject.bandwidth_mbit", "0,0,10", "--morph.synthetic.message_kb", "64"]

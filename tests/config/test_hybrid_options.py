@@ -12,7 +12,7 @@ from titan_morph.compare.variants import HYBRID_VARIANTS, parse_variants
 from titan_morph.config import ConfigError, Inject, Morph, resolve_morph
 from titan_morph.config.fields import parse_rank_pairs
 from titan_morph.config.links import link_model, pair_delays
-from titan_morph.integration.jobconfig import load
+from titan_morph.integration.titan022.jobconfig import load
 
 HYBRID = REPO / "train_configs" / "hybrid_cpu.toml"
 SYNTHETIC = REPO / "train_configs" / "synthetic_cpu.toml"

@@ -12,7 +12,7 @@ from tests.launch import DEFAULT_CONFIG, REPO
 from titan_morph.config import ConfigError, Inject, Morph, MorphSettings, Synthetic, resolve_morph
 from titan_morph.config.fields import Layout, check_unknown_keys
 from titan_morph.config.links import break_window, link_model
-from titan_morph.integration.jobconfig import CONFIG_MODULE, load, prepare_args
+from titan_morph.integration.titan022.jobconfig import CONFIG_MODULE, load, prepare_args
 
 
 def _resolved(morph: Morph, stages: int | None = None, limit: float | None = None) -> MorphSettings:
@@ -288,7 +288,7 @@ def test_world_size_from_config_and_overrides():
 
 
 def test_run_id_is_shared_by_the_ranks_of_one_launch(monkeypatch):
-    from titan_morph.integration.trainer import run_id
+    from titan_morph.integration.titan022.trainer import run_id
 
     monkeypatch.setenv("TITAN_MORPH_RUN_ID", "20260101-000000-1")
     assert run_id() == "20260101-000000-1"

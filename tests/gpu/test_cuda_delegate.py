@@ -55,7 +55,7 @@ def _message(seq: int, big: bool, device: str = "cuda") -> list:
 def _identity(rank: int, world: int, k: int) -> dict:
     import torch.distributed as dist
 
-    from titan_morph.comm.delegate import DelegateTransport
+    from titan_morph.comm.delegate.transport import DelegateTransport
 
     bad = []
     with DelegateTransport(stage=rank, num_stages=world, delegates_per_link=k, slots=2, device="cuda:0") as tr:
@@ -86,7 +86,7 @@ def test_bit_identical_every_dtype_and_layout_up_to_64_mib(k: int) -> None:
 def _mixed(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
-    from titan_morph.comm.delegate import DelegateTransport
+    from titan_morph.comm.delegate.transport import DelegateTransport
 
     out: dict = {}
     with DelegateTransport(stage=rank, num_stages=world, device="cuda:0") as tr:
@@ -121,7 +121,7 @@ def _delayed_and_busy(rank: int, world: int) -> dict:
 
     import torch.distributed as dist
 
-    from titan_morph.comm.delegate import DelegateTransport
+    from titan_morph.comm.delegate.transport import DelegateTransport
     from titan_morph.pipelining.links import StaticDelays
 
     out: dict = {}
@@ -169,8 +169,8 @@ def _failover(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
     from titan_morph.comm import sync_clock
-    from titan_morph.comm.delegate import DelegateTransport
-    from titan_morph.comm.failover import FailoverTransport
+    from titan_morph.comm.delegate.transport import DelegateTransport
+    from titan_morph.comm.failover.transport import FailoverTransport
     from titan_morph.comm.pairs import BreakPlan, LinkGroups, LinkTransport
     from titan_morph.comm.timeouts import CommTimeouts
 

@@ -19,7 +19,7 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
 from torchtitan.protocols import train_spec as ts
 
-from titan_morph.integration.register import register_all
+from titan_morph.integration.titan022.register import register_all
 
 SPEC = "llama3_morph_dpblocks"
 DP_SHARDS = 2

@@ -29,7 +29,7 @@ def _run(tmp_path, name: str, args: list[str]):
 def test_rate_limited_link_predicted_as_simulated_and_losses_unchanged(tmp_path, no_leftovers):
     from titan_morph.compare.predict import simulated_ms
     from titan_morph.compare.variants import Variant
-    from titan_morph.integration.jobconfig import load
+    from titan_morph.integration.titan022.jobconfig import load
 
     pipemorph = _args("PipeMorph", *RATE, "--morph.plan_delays_ms", "0", "--morph.adapt", "false")
     rated = _run(tmp_path, "rated", pipemorph)

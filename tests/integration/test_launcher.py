@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from tests.launch import DEFAULT_CONFIG, REPO
-from titan_morph.comm.system import segments_in_use, shm_segments
+from titan_morph.comm.machine.system import segments_in_use, shm_segments
 from titan_morph.compare.runner import MARKER_ENV, marked_processes
 from titan_morph.config import ConfigError
-from titan_morph.integration.jobconfig import load_toml
+from titan_morph.integration.titan022.jobconfig import load_toml
 
 SYNTHETIC = REPO / "train_configs" / "synthetic_cpu.toml"
 HANG_GUARD_S = 120

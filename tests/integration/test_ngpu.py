@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from titan_morph.config import ConfigError
-from titan_morph.integration.launcher import check_devices
+from titan_morph.integration.launching import check_devices
 
 
 def test_more_ranks_than_gpus_is_refused_with_one_line() -> None:

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from tests.launch import DEFAULT_CONFIG, REPO, free_port
-from titan_morph.comm.system import segments_in_use, shm_segments
+from titan_morph.comm.machine.system import segments_in_use, shm_segments
 from titan_morph.compare.runner import MARKER_ENV, marked_processes
 from titan_morph.config import ConfigError, Morph, resolve_morph
-from titan_morph.integration import launcher
 from titan_morph.integration.nodes import Nodes, check_interfaces, network_interfaces, nodes_from_env
+from titan_morph.integration.titan022 import launcher
 
 NODE_VARIABLES = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RDZV_ENDPOINT", "RDZV_ID", "RDZV_BACKEND")
 # ./run_train.sh --training.steps 3 on one node of 4 ranks (train_configs/debug_cpu.toml)

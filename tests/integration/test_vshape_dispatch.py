@@ -11,8 +11,8 @@ import pytest
 from tests.launch import DEFAULT_CONFIG
 from titan_morph.config import ConfigError, resolve
 from titan_morph.integration import schedules
-from titan_morph.integration.jobconfig import job_view, load, settings_of
-from titan_morph.integration.train_spec import stages_per_rank
+from titan_morph.integration.titan022.jobconfig import job_view, load, settings_of
+from titan_morph.integration.titan022.train_spec import stages_per_rank
 
 
 def _parse(*args: str):
@@ -77,7 +77,7 @@ def test_per_stage_options_count_the_vs_stages():
 
 
 def test_a_v_logs_its_loss_from_rank_0():
-    from titan_morph.integration.launcher import loss_rank
+    from titan_morph.integration.launching import loss_rank
 
     for schedule, rank in (("PipeMorphV", 0), ("ZBVZeroBubble", 0), ("DualPipeV", 0), ("PipeMorph", 3)):
         _, settings = load(DEFAULT_CONFIG, ["--parallelism.pipeline_parallel_schedule", schedule])

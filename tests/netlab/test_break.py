@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.netlab.conftest import PREFIX
-from titan_morph.comm.system import segments_in_use, shm_segments
+from titan_morph.comm.machine.system import segments_in_use, shm_segments
 from titan_morph.netlab.lab import Lab, LabError, lab_namespaces
 from titan_morph.netlab.schedule import Controller, Event, StepLog, parse_schedule
 from titan_morph.netlab.shape import breaks

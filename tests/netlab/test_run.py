@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.netlab.conftest import PREFIX
-from titan_morph.comm.system import segments_in_use, shm_segments
+from titan_morph.comm.machine.system import segments_in_use, shm_segments
 from titan_morph.netlab.lab import Lab, lab_namespaces
 from titan_morph.netlab.run import NIC_BYTES_FILE, with_lab_nics
 

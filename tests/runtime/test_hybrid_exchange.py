@@ -15,8 +15,8 @@ def _ring_of_three(rank: int, world: int) -> list[tuple]:
     import torch
     import torch.distributed as dist
 
-    from titan_morph.comm import collectives
     from titan_morph.comm.clock import sync_clock
+    from titan_morph.comm.emulator import collectives
     from titan_morph.monitor.detect import DetectRule
     from titan_morph.monitor.topology import Layout, TopologyMonitor
     from titan_morph.runtime.hybrid import HybridExchange

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.launch import run_ranks
-from titan_morph.comm.devices import StreamMarks
+from titan_morph.comm.machine.devices import StreamMarks
 from titan_morph.runtime.optime import CLOCK_CODES, DeviceClockTimer, EventTimer, HostTimer, op_timer
 from titan_morph.runtime.testbed import DeviceClock
 

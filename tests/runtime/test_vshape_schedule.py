@@ -55,7 +55,7 @@ def _run_mode(rank: int, world: int, mode: str) -> dict:
         transport = None
         if mode == "emulated":
             from titan_morph.comm.clock import sync_clock
-            from titan_morph.comm.emulator import EmulatedTransport
+            from titan_morph.comm.emulator.transport import EmulatedTransport
             from titan_morph.comm.transport import TorchTransport
             from titan_morph.pipelining.links import StaticDelays
 

@@ -5,13 +5,13 @@ threads; ``from titan_morph.comm import EmulatedTransport`` imports what it name
 
 Modules: ``transport`` (the :class:`Transport` and :class:`Handle` protocols, torch's own P2P),
 ``records`` (message records), ``clock`` (the pipeline's common clock), ``groups`` (CPU groups for
-small collectives), ``scope`` (swap torch's ``_batch_p2p`` for one step), ``recorded`` (torch P2P
-with records), ``emulator`` (the link emulator; ``emulator_recv`` its receive side, ``emulator_notices``
-its store notices), ``delegate`` (the delegated data plane: ``delegate_pool`` its processes,
-``delegate_slots`` its shared-memory data path, ``delegate_worker`` + ``shm`` below them), ``pairs``
-(the default path on one process group per link, which can break and be re-made alone),
-``failover`` (``auto``: default path, delegated on demand or on failure; ``failover_router`` which
-path carries a link, ``failover_resend`` the replay on a new path, ``failover_probe`` the way back).
+small collectives, network interfaces), ``scope`` (swap torch's ``_batch_p2p`` for one step),
+``recorded`` (torch P2P with records), ``pairs`` (the default path on one process group per link,
+which can break and be re-made alone), ``waits`` and ``timeouts`` (every wait bounded by ``[comm]``).
+One subpackage per mechanism: ``emulator/`` (links and DP collectives emulated on real groups),
+``delegate/`` (the delegated data plane: shared memory + Gloo delegate processes), ``failover/``
+(``auto``: default path, delegated on demand or on failure); ``machine/`` holds what they need of
+the OS and the accelerator.
 
 Use from a pipeline schedule (one stage per pp rank)::
 
@@ -50,10 +50,10 @@ _EXPORTS = {
     "MessageRecord": "records",
     "CommTimeoutError": "records",
     "UndeliveredError": "records",
-    "EmulatedTransport": "emulator",
-    "DelegateTransport": "delegate",
-    "DelegateError": "delegate",
-    "FailoverTransport": "failover",
+    "EmulatedTransport": "emulator.transport",
+    "DelegateTransport": "delegate.transport",
+    "DelegateError": "delegate.pool",
+    "FailoverTransport": "failover.transport",
     "RecordedTransport": "recorded",
     "LinkGroups": "pairs",
     "LinkTransport": "pairs",

@@ -42,10 +42,10 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 
-from titan_morph.comm.devices import bind_device
 from titan_morph.comm.groups import GROUP_LOCK, check_interface, gloo_options
+from titan_morph.comm.machine.devices import bind_device
+from titan_morph.comm.machine.system import fd_targets
 from titan_morph.comm.records import MessageRecord
-from titan_morph.comm.system import fd_targets
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 from titan_morph.comm.transport import Handle, TorchTransport, classify_op
 from titan_morph.comm.waits import on_nccl, poll_until

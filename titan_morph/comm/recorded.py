@@ -16,7 +16,7 @@ consumer was already blocked on when the data came; other receives bound the del
 On NCCL a bounded wait polls the work's completion (:class:`~titan_morph.comm.transport.TorchHandle`),
 so ``completed`` is when the data was usable on this device, and a send from CUDA tensors also
 gets ``ready``: when its payload was ready on the sender's device
-(:mod:`titan_morph.comm.device_stamps`), so a busy sender queue is not read as a slow link.
+(:mod:`titan_morph.comm.machine.stamps`), so a busy sender queue is not read as a slow link.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 
 import torch.distributed as dist
 
-from titan_morph.comm.device_stamps import DeviceStamps, ReadyStamp
+from titan_morph.comm.machine.stamps import DeviceStamps, ReadyStamp
 from titan_morph.comm.records import CommTimeoutError, MessageBook, MessageRecord
 from titan_morph.comm.transport import DefaultPathOnly, Handle, Transport, group_by_link
 from titan_morph.comm.waits import on_nccl

@@ -48,7 +48,7 @@ class MessageRecord:
     consumer's wait observed it: later than ``arrived`` whenever the consumer was busy).
 
     Sender on CUDA: ``ready``, when the device had the payload (the producing work ended), where it
-    is known (:mod:`titan_morph.comm.device_stamps`).
+    is known (:mod:`titan_morph.comm.machine.stamps`).
     Delivery delay of message ``seq`` = receiver ``arrived`` - sender ``max(accepted, ready)``; without an
     arrival stamp it is ``completed`` - ``accepted`` when the consumer was already waiting.
     ``path`` names the transport that carried it (``"emulated"``, ``"delegate"``, ``"torch"``);
@@ -72,7 +72,7 @@ class MessageRecord:
     arrived: float | None = None
     waited: float | None = None
     completed: float | None = None
-    ready: float | None = None  # sender, CUDA: the payload was ready on the device (comm.device_stamps)
+    ready: float | None = None  # sender, CUDA: the payload was ready on the device (comm.machine.stamps)
     status: str = "pending"  # pending | done | down | error
     path: str = ""
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from titan_morph.comm.system import (
+from titan_morph.comm.machine.system import (
     SHM_DIR,
     SHM_PREFIX,
     cmdline,

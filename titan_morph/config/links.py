@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from titan_morph.comm.collectives import PairDelays
+from titan_morph.comm.emulator.collectives import PairDelays
 from titan_morph.config.fields import fail, limit_reason
 from titan_morph.pipelining.links import (
     DIRECTIONS,

@@ -1,7 +1,7 @@
 """The ``[morph]`` tables: titan_morph's options as typed dataclasses, merged into the job config.
 
 TorchTitan 0.2.2 merges :class:`JobConfig` into its own (``[job] custom_config_module =
-"titan_morph.integration.config"``), so ``[morph]``, ``[morph.inject]`` and ``[morph.synthetic]`` are
+"titan_morph.integration.titan022.config"``), so ``[morph]``, ``[morph.inject]`` and ``[morph.synthetic]`` are
 read from the TOML file and ``--morph.key value`` overrides them. The field types say what is
 allowed (:mod:`titan_morph.config.fields`); the values here are as the user wrote them (lists made
 lists), and :func:`titan_morph.config.resolve` turns them into one frozen, parsed

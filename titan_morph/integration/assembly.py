@@ -257,7 +257,7 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
     timeouts = settings.timeouts
     device = stage.device
     where: _Where = {"stage": stage.group_rank, "num_stages": ranks, "group": stage.group}
-    from titan_morph.comm.delegate import DelegateTransport  # spawns processes: loaded only when used
+    from titan_morph.comm.delegate.transport import DelegateTransport  # spawns processes: loaded only when used
 
     def delegates(strict: bool) -> DelegateTransport:
         """The delegated path (§5); ``strict``: a failed delegate stops the job (no failover behind)."""
@@ -293,7 +293,7 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
         )
         primary = LinkTransport(pairs, group=stage.group, epoch=clock.epoch)
     if links is not None:
-        from titan_morph.comm.emulator import EmulatedTransport
+        from titan_morph.comm.emulator.transport import EmulatedTransport
 
         primary = EmulatedTransport(
             primary,
@@ -311,7 +311,7 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
         return None
     if morph.transport == "default":
         return primary
-    from titan_morph.comm.failover import FailoverTransport
+    from titan_morph.comm.failover.transport import FailoverTransport
 
     return FailoverTransport(
         primary,

@@ -318,7 +318,7 @@ class MorphTrainerMethods:
 def rank_main(argv: list[str] | None, adapt: Callable[[], object], start: Callable[[list[str]], None]) -> None:
     """A torchrun rank's entry: exit with the agent, the CPU adaptation (``adapt``) before
     torchtitan loads, then ``start`` with the arguments; a bad configuration is one line, exit 2."""
-    from titan_morph.comm.system import die_with_parent
+    from titan_morph.comm.machine.system import die_with_parent
 
     if "LOCAL_RANK" in os.environ:  # a torchrun rank: exit with the agent, whatever ends it
         die_with_parent()

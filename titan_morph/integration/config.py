@@ -1,10 +1,6 @@
-"""``[job] custom_config_module = "titan_morph.integration.config"``: the module TorchTitan 0.2.2's
-``ConfigManager`` imports to merge ``[morph]`` into its JobConfig.
+"""The name TOML files used before the 0.2.2 adapter had its own folder: ``[job] custom_config_module =
+"titan_morph.integration.config"`` keeps working; new files name :mod:`.titan022.config`."""
 
-Only the merge point lives here; the schema, its checks and the resolved settings are
-:mod:`titan_morph.config`.
-"""
-
-from titan_morph.config.schema import Inject, JobConfig, Morph, Synthetic
+from titan_morph.integration.titan022.config import Inject, JobConfig, Morph, Synthetic
 
 __all__ = ["Inject", "JobConfig", "Morph", "Synthetic"]

@@ -7,7 +7,7 @@ in ``$TITAN_MORPH_HOSTS``; a process keeps its host for its lifetime, as a real 
 ranks share one machine, so the host of a rank matters only to the emulated links: ``[morph.inject]
 rank_links`` are host pairs (:func:`~titan_morph.config.links.pair_delays`), applied to the
 pipeline sends between the two hosts (the link emulator, per pipeline) and to the DP collectives
-whose ring uses the pair (:mod:`titan_morph.comm.collectives`).
+whose ring uses the pair (:mod:`titan_morph.comm.emulator.collectives`).
 
 Mesh. :class:`HybridParallelDims` is TorchTitan's ParallelDims with the data-parallel mesh
 dimensions (:data:`DP_MESH_DIMS` and the flattened ``loss`` mesh) created on the DP backend, so
@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torchtitan.distributed import ParallelDims
 
-from titan_morph.comm import collectives
+from titan_morph.comm.emulator import collectives
 from titan_morph.config import Settings
 from titan_morph.config.links import pair_delays
 from titan_morph.integration.relaunch import (

@@ -55,7 +55,7 @@ class Release:
             from titan_morph.integration.titan03.jobconfig import load as load03
 
             return load03(self.config_name(config), overrides, ranks)
-        from titan_morph.integration.jobconfig import load
+        from titan_morph.integration.titan022.jobconfig import load
 
         return load(config, overrides, ranks)
 

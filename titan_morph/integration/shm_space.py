@@ -9,16 +9,12 @@ to start when they do not fit, naming the size and how to raise it.
 
 from __future__ import annotations
 
-from typing import Any
-
-from titan_morph.comm.shm import DEFAULT_SLOTS, segment_bytes
-from titan_morph.comm.system import SHM_DIR, shm_free_bytes
+from titan_morph.comm.delegate.shm import DEFAULT_SLOTS, segment_bytes
+from titan_morph.comm.machine.system import SHM_DIR, shm_free_bytes
 from titan_morph.config import ConfigError, Settings
 from titan_morph.config.links import configured_message_bytes
 
-__all__ = ["check_ring_space", "check_shm_space", "delegate_shm_bytes", "message_bytes"]
-
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+__all__ = ["check_ring_space", "delegate_shm_bytes"]
 
 
 def _size(n: float) -> str:
@@ -26,25 +22,6 @@ def _size(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{int(n)} B"
-
-
-def message_bytes(job_config: Any, settings: Settings) -> int | None:
-    """Bytes of one pipeline message (a microbatch's activations: microbatch x seq_len x dim), in the
-    dtype the stages exchange (FSDP's ``mixed_precision_param`` when it shards, else float32);
-    None when the model's width cannot be found (a model titan_morph does not know)."""
-    try:
-        from torchtitan.protocols.train_spec import get_train_spec
-
-        from titan_morph.integration.train_spec import register
-
-        register()
-        dim = int(get_train_spec(job_config.model.name).model_args[job_config.model.flavor].dim)
-        seq_len = int(job_config.training.seq_len)
-    except Exception:
-        return None
-    shards = settings.job.data_parallel_shard_degree != 1
-    dtype = str(job_config.training.mixed_precision_param) if shards else "float32"
-    return settings.job.microbatch_size * seq_len * dim * _DTYPE_BYTES.get(dtype, 4)
 
 
 def delegate_shm_bytes(
@@ -60,14 +37,6 @@ def delegate_shm_bytes(
     if ranks_here is not None and ranks_here < settings.world_size:
         ends = -(-ends * ranks_here // settings.world_size)
     return ends * segment_bytes(message, slots)
-
-
-def check_shm_space(
-    job_config: Any, settings: Settings, free: int | None = None, ranks_here: int | None = None
-) -> None:
-    """:class:`ConfigError` when the delegates' rings of this host would not fit in /dev/shm's free
-    space (TorchTitan 0.2.2's job config; see :func:`check_ring_space`)."""
-    check_ring_space(settings, message_bytes(job_config, settings), free, ranks_here)
 
 
 def check_ring_space(

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from titan_morph.comm.system import (
+from titan_morph.comm.machine.system import (
     SHM_DIR,
     become_subreaper,
     descendants,

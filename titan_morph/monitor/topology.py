@@ -9,7 +9,7 @@ changes which host pairs carry DP collectives and which carry pipeline sends.
 
 Detection (:class:`TopologyMonitor`, pure, fed the same exchanged data on every rank). Every rank
 reports the DP collectives it ran in the step (:class:`CollectiveStamp`, from the DP backend
-:mod:`titan_morph.comm.collectives`): per group and collective, ``min(end) - max(start)`` over the
+:mod:`titan_morph.comm.emulator.collectives`): per group and collective, ``min(end) - max(start)`` over the
 group's ranks is its time on the wire, and that divided by its ring steps is one per-hop sample of
 the group's ring. For a group of two ranks the ring is one host pair, so the sample is the pair's;
 a larger group's ring pairs are told apart by probes (one message over each ring pair, timed by the

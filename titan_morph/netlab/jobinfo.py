@@ -1,7 +1,7 @@
 """What ``netlab run`` needs to know about a job, from the same check ``./run_train.sh`` runs.
 
 ``python -m titan_morph.netlab.jobinfo RANKS CONFIG.toml [overrides ...]`` loads the configuration
-as the ranks will, for ``RANKS`` ranks (:func:`titan_morph.integration.jobconfig.load`, as
+as the ranks will, for ``RANKS`` ranks (:func:`titan_morph.integration.titan022.jobconfig.load`, as
 ``titan_morph.launch run --nproc RANKS``), and prints one JSON line: the config file and overrides
 to start the ranks with, the dump folder (``{run_id}`` not yet expanded) and the rank that logs the
 loss. A bad configuration is one line ``error: ...`` on stderr and exit code 2. It runs in its own
@@ -14,8 +14,8 @@ import json
 import sys
 
 from titan_morph.config import ConfigError
-from titan_morph.integration.jobconfig import config_file_of, load, without_config_file
-from titan_morph.integration.launcher import EXIT_BAD_CONFIG, loss_rank
+from titan_morph.integration.launching import EXIT_BAD_CONFIG, loss_rank
+from titan_morph.integration.titan022.jobconfig import config_file_of, load, without_config_file
 
 __all__ = ["main"]
 

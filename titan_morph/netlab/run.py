@@ -39,7 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from titan_morph.comm.system import SHM_DIR, die_with_parent, segments_in_use, shm_segments
+from titan_morph.comm.machine.system import SHM_DIR, die_with_parent, segments_in_use, shm_segments
 from titan_morph.integration.supervisor import TRAIN_MODULE
 from titan_morph.netlab.lab import NICS, Lab, LabError, ip, kill_namespace_processes
 from titan_morph.netlab.schedule import Controller, Event, StepLog, apply, check_events, node_index

@@ -1,7 +1,7 @@
 """The link model: one definition of inter-stage delay shared by the simulator and the emulator.
 
 The simulator (``simulate``) uses it to predict iteration time; the link emulator
-(``titan_morph.comm.emulator``) uses the very same objects to delay real messages, so predicted
+(``titan_morph.comm.emulator.transport``) uses the very same objects to delay real messages, so predicted
 and measured iteration times are comparable (architecture contract).
 
 Semantics (documented once, here):

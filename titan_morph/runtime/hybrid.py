@@ -3,7 +3,7 @@
 With data parallelism every pipeline stage has replicas on other ranks, and the orchestrator needs
 a world-wide view: which DP group's collectives were slow, on which host pair. Instead of a second
 per-step collective, :class:`HybridExchange` appends each rank's DP collective stamps
-(:mod:`titan_morph.comm.collectives`, on the common clock) to its pipeline row and all-gathers the
+(:mod:`titan_morph.comm.emulator.collectives`, on the common clock) to its pipeline row and all-gathers the
 rows over the world. Every rank then
 
 * hands its own pipeline's rows to the pipeline's monitor exactly as :class:`StepExchange` does
@@ -24,8 +24,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from titan_morph.comm import collectives
-from titan_morph.comm.collectives import CollectiveRecord
+from titan_morph.comm.emulator import collectives
+from titan_morph.comm.emulator.collectives import CollectiveRecord
 from titan_morph.comm.groups import cpu_group
 from titan_morph.monitor.topology import (
     CollectiveStamp,

@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from titan_morph.comm.devices import StreamMarks
+from titan_morph.comm.machine.devices import StreamMarks
 from titan_morph.runtime.testbed import DeviceClock
 
 __all__ = ["CLOCK_CODES", "EventTimer", "HostTimer", "OpSpan", "OpTimer", "DeviceClockTimer", "op_timer"]

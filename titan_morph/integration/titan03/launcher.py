@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from titan_morph.config import Settings
-from titan_morph.integration.launcher import (
+from titan_morph.integration.launching import (
     EXIT_BAD_CONFIG,
     checked_ranks,
     command_main,

@@ -1,6 +1,6 @@
 """The ``synthetic`` model flavor on TorchTitan 0.3.0: a tiny llama whose width is configurable.
 
-As on 0.2.2 (:mod:`titan_morph.integration.synthetic`), with ``morph.synthetic.enabled`` every
+As on 0.2.2 (:mod:`titan_morph.integration.titan022.synthetic`), with ``morph.synthetic.enabled`` every
 stage's F, I and W are padded to the configured times; the model only has to be small and send
 ``hidden``-wide activations: width ``morph.synthetic.hidden``, one head per 16, one transformer
 layer per pipeline stage. 0.3.0 describes a model by a config tree, built here from its llama3

@@ -1,4 +1,4 @@
-"""The receive side of the link emulator (:mod:`titan_morph.comm.emulator`): posted receives and
+"""The receive side of the link emulator (:mod:`titan_morph.comm.emulator.transport`): posted receives and
 the per-(link, direction) watcher threads that take them in posting order.
 
 A watcher waits for the sender's commit notice of each receive (in ``poll_s`` slices that re-check
@@ -17,8 +17,8 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from titan_morph.comm.devices import bind_device
-from titan_morph.comm.emulator_notices import NoticeBoard
+from titan_morph.comm.emulator.notices import NoticeBoard
+from titan_morph.comm.machine.devices import bind_device
 from titan_morph.comm.records import CommTimeoutError, MessageRecord
 from titan_morph.comm.transport import Handle
 from titan_morph.pipelining.links import LinkDownError, LinkModel

@@ -1,7 +1,7 @@
 """TorchTitan 0.2.2's trainer with titan_morph: ``python -m titan_morph.train`` runs :func:`main`.
 
 1. without CUDA, the CPU adaptation (:mod:`.cpu`) runs before torchtitan loads;
-2. the command line is prepared (:func:`~titan_morph.integration.jobconfig.prepare_args`): the
+2. the command line is prepared (:func:`~titan_morph.integration.titan022.jobconfig.prepare_args`): the
    ``[morph]`` config module named, the TOML's ``[morph]`` keys checked, ``--morph.no-<flag>``
    spelled with a value;
 3. the dataset ``morph_text`` and the TrainSpec ``llama3_morph`` are registered;
@@ -23,7 +23,7 @@ from typing import Any
 
 from titan_morph.integration.common import RUN_ID_PLACEHOLDER, MorphTrainerMethods, rank_main, run_id
 from titan_morph.integration.cpu import adapt_torchtitan_to_cpu
-from titan_morph.integration.jobconfig import prepare_args, settings_of
+from titan_morph.integration.titan022.jobconfig import prepare_args, settings_of
 
 __all__ = ["main", "run_id"]
 
@@ -82,7 +82,7 @@ def _start(args: list[str]) -> None:
     sys.argv = [sys.argv[0], *args]
     from torchtitan.train import main as torchtitan_main
 
-    from titan_morph.integration.register import register_all
+    from titan_morph.integration.titan022.register import register_all
 
     register_all()
     torchtitan_main(_make_trainer_class())

@@ -70,9 +70,9 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
-from titan_morph.comm.devices import bind_device
-from titan_morph.comm.emulator_notices import NoticeBoard
-from titan_morph.comm.emulator_recv import RecvHandle, RecvWatcher
+from titan_morph.comm.emulator.notices import NoticeBoard
+from titan_morph.comm.emulator.recv import RecvHandle, RecvWatcher
+from titan_morph.comm.machine.devices import bind_device
 from titan_morph.comm.pairs import one_stream_per_pair
 from titan_morph.comm.records import CommTimeoutError, MessageBook, MessageRecord, UndeliveredError
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
-from titan_morph.comm.system import SHM_DIR, SHM_PREFIX, mapped_paths, shm_segments
+from titan_morph.comm.machine.system import SHM_DIR, SHM_PREFIX, mapped_paths, shm_segments
 
 PREFIX = SHM_PREFIX
 ALIGN = 64

@@ -24,7 +24,7 @@ class SyntheticModelArgs(TransformerModelArgs):
 
     def update_from_config(self, job_config: Any, **kwargs: Any) -> None:
         super().update_from_config(job_config, **kwargs)
-        from titan_morph.integration.jobconfig import settings_of
+        from titan_morph.integration.titan022.jobconfig import settings_of
 
         settings = settings_of(job_config)
         hidden = settings.morph.synthetic.hidden

@@ -1,4 +1,4 @@
-"""Which path carries each (link, direction) of a :class:`~titan_morph.comm.failover.FailoverTransport`
+"""Which path carries each (link, direction) of a :class:`~titan_morph.comm.failover.transport.FailoverTransport`
 now, and the moves between the two paths (told, or after a failure; see that module's docstring).
 
 A move bumps the link's generation (equal on both ends) and hands each moved direction to the
@@ -17,7 +17,7 @@ from datetime import timedelta
 
 from torch._C._distributed_c10d import Store
 
-from titan_morph.comm.delegate import DelegateError, DelegateTransport
+from titan_morph.comm.delegate.transport import DelegateError, DelegateTransport
 from titan_morph.comm.pairs import LinkFailedError, LinkGroups
 from titan_morph.comm.timeouts import CommTimeouts
 from titan_morph.comm.transport import Transport

@@ -1,6 +1,6 @@
-"""The delegate processes of one :class:`~titan_morph.comm.delegate.DelegateTransport`: start, watch, stop.
+"""The delegate processes of one :class:`~titan_morph.comm.delegate.transport.DelegateTransport`: start, watch, stop.
 
-One delegate root process (:mod:`titan_morph.comm.delegate_worker`) per rank forks a delegate per
+One delegate root process (:mod:`titan_morph.comm.delegate.worker`) per rank forks a delegate per
 role (link, direction, index). The pool gives each role its pipes, meets the peer ranks' pools
 through a TCPStore that rank 0's trainer serves, and runs the reader thread that reads what the
 delegates write (arrivals, new segments, errors) and the root's status pipe (which delegate exited
@@ -29,10 +29,10 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore
 
-from titan_morph.comm import delegate_worker as wire
-from titan_morph.comm.devices import bind_device
+from titan_morph.comm.delegate import worker as wire
+from titan_morph.comm.delegate.shm import PREFIX, CudaCallError, Segment, unlink_prefix
 from titan_morph.comm.groups import check_interface, interface_address
-from titan_morph.comm.shm import PREFIX, CudaCallError, Segment, unlink_prefix
+from titan_morph.comm.machine.devices import bind_device
 from titan_morph.comm.timeouts import CommTimeouts
 
 __all__ = ["DelegateEnd", "DelegateError", "DelegatePool", "Listener", "exit_status"]
@@ -232,7 +232,7 @@ class DelegatePool:
         if self.interfaces:  # the delegates' gloo pairs connect over the host interface
             env["GLOO_SOCKET_IFNAME"] = self.interfaces[0]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "titan_morph.comm.delegate_worker", f"--run={self.token}", json.dumps(spec)],
+            [sys.executable, "-m", "titan_morph.comm.delegate.worker", f"--run={self.token}", json.dumps(spec)],
             pass_fds=child_fds,
             stdin=subprocess.DEVNULL,
             env=env,

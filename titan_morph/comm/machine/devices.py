@@ -36,7 +36,7 @@ def bind_device(device: torch.device | None) -> None:
 @dataclass(frozen=True)
 class StreamMarks(Generic[E]):
     """How to mark a point of the issuing stream (``new_event`` then its ``record(stream())``) and
-    read the host clock: the send stamps (:mod:`~titan_morph.comm.device_stamps`) and the op timer
+    read the host clock: the send stamps (:mod:`~titan_morph.comm.machine.stamps`) and the op timer
     (``runtime.optime``) mark the same stream the same way; tests pass fakes of all three."""
 
     new_event: Callable[[], E]

@@ -20,8 +20,8 @@ from torchtitan.protocols.train_spec import TrainSpec, get_train_spec, register_
 from torchtitan.tools.logging import logger
 
 from titan_morph.integration import common
-from titan_morph.integration.jobconfig import TRAIN_SPEC_NAME, settings_of
 from titan_morph.integration.metrics import build_morph_metrics_processor
+from titan_morph.integration.titan022.jobconfig import TRAIN_SPEC_NAME, settings_of
 
 
 def stages_per_rank(job_config: Any, placement: str, pp: int, num_layers: int) -> int:
@@ -65,7 +65,7 @@ def pipeline_stages(
 
 def make_train_spec() -> TrainSpec:
     """TorchTitan's llama3 TrainSpec with titan_morph's pipelining and schedule metrics."""
-    from titan_morph.integration.synthetic import FLAVOR, synthetic_flavor
+    from titan_morph.integration.titan022.synthetic import FLAVOR, synthetic_flavor
 
     llama3 = get_train_spec("llama3")
     return dataclasses.replace(

@@ -1,8 +1,8 @@
 """DelegateTransport: pipeline traffic through shared memory and Gloo delegate processes (§5).
 
 Paper §5: the training process must never wait on the wire. A send copies the message into a
-free slot of a shared-memory ring (:mod:`titan_morph.comm.shm`), sets the slot's FILLED flag and
-returns; a *delegate* subprocess (:mod:`titan_morph.comm.delegate_worker`) puts it on its own Gloo
+free slot of a shared-memory ring (:mod:`titan_morph.comm.delegate.shm`), sets the slot's FILLED flag and
+returns; a *delegate* subprocess (:mod:`titan_morph.comm.delegate.worker`) puts it on its own Gloo
 pair group. On the receiving rank a delegate eagerly receives into its own ring and raises READY;
 the receive handle's ``wait`` waits (bounded) for that and copies the bytes into the stage's
 receive buffer (the P2POp tensor). The delegate's arrival time becomes ``MessageRecord.arrived``
@@ -18,7 +18,7 @@ sides, so the receiver recovers per-link order whatever order the K wires delive
 Emulated links: the trainer accounts every message in a ``LinkQueue(depth=None)`` of the shared
 link model (accepted when the data is in shared memory at ``t``, delivered at ``t + c``, FIFO
 per link and direction) and the delegate releases it on the wire at that delivery time — the same
-semantics as :class:`~titan_morph.comm.emulator.EmulatedTransport` with ``depth=None``, so the
+semantics as :class:`~titan_morph.comm.emulator.transport.EmulatedTransport` with ``depth=None``, so the
 two transports are compared fairly. A link the model says is down (``inf``) is the failed NIC
 of the default path; delegated traffic avoids it and is delayed by ``down_delay_ms`` instead.
 
@@ -64,12 +64,12 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
-from titan_morph.comm import delegate_worker as wire
 from titan_morph.comm.clock import sync_clock
-from titan_morph.comm.delegate_pool import DelegateEnd, DelegateError, DelegatePool, Listener, exit_status
-from titan_morph.comm.delegate_slots import DeferredReleases, RecvHandle, SendHandle, SlotPath
+from titan_morph.comm.delegate import worker as wire
+from titan_morph.comm.delegate.pool import DelegateEnd, DelegateError, DelegatePool, Listener, exit_status
+from titan_morph.comm.delegate.shm import DEFAULT_SLOTS
+from titan_morph.comm.delegate.slots import DeferredReleases, RecvHandle, SendHandle, SlotPath
 from titan_morph.comm.records import CommTimeoutError, MessageBook
-from titan_morph.comm.shm import DEFAULT_SLOTS
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 from titan_morph.comm.transport import Handle, TorchTransport, Transport, group_by_link
 from titan_morph.pipelining.links import LinkModel, LinkQueue
@@ -92,8 +92,8 @@ class _FiniteDelays(LinkModel):
 class DelegateTransport(MessageBook, Transport):
     """The delegated data plane (see module docstring). Construct on every pipeline rank, same order.
 
-    Composes the delegate processes (:class:`~titan_morph.comm.delegate_pool.DelegatePool`) and the
-    shared-memory data path (:class:`~titan_morph.comm.delegate_slots.SlotPath`); it numbers the
+    Composes the delegate processes (:class:`~titan_morph.comm.delegate.pool.DelegatePool`) and the
+    shared-memory data path (:class:`~titan_morph.comm.delegate.slots.SlotPath`); it numbers the
     messages, picks each one's delegate and times its release on emulated links.
 
     Args:

@@ -4,7 +4,7 @@ link/NIC is routed around via the delegates instead of crashing training).
 
 :class:`FailoverTransport` routes each (link, direction) through ``primary`` (the default path:
 per-link process groups, :mod:`titan_morph.comm.pairs`, possibly under the link emulator) or
-``delegate`` (a :class:`~titan_morph.comm.delegate.DelegateTransport`).
+``delegate`` (a :class:`~titan_morph.comm.delegate.transport.DelegateTransport`).
 
 * Told (``switch`` / ``restore``): between steps, on every rank, both directions of a link move.
   Nothing is in flight then. A link whose delegates failed stays on the default path: the two
@@ -26,7 +26,7 @@ per-link process groups, :mod:`titan_morph.comm.pairs`, possibly under the link 
   nothing, its sends may even complete into the local socket buffer) fails the same way: a wait on
   it that made no progress for a quarter of the ``[comm]`` bound while the peer had posted its side
   (asked through the store) is the link's failure; a peer that had not posted is busy, not cut off
-  (:mod:`~titan_morph.comm.failover_stall`).
+  (:mod:`~titan_morph.comm.failover.stall`).
 * After the default path failed, a prober thread per link makes a fresh 2-rank group every
   ``probe_interval_s`` and exchanges a tensor on it (both ranks, results agreed through the
   store). After ``recover_probes`` good probes in a row the link moves back to the default path at
@@ -49,11 +49,11 @@ from collections.abc import Iterable
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
-from titan_morph.comm.delegate import DelegateTransport
-from titan_morph.comm.failover_probe import PROBE_JOIN_S, Prober
-from titan_morph.comm.failover_resend import Message, Recv, Resender
-from titan_morph.comm.failover_router import PATH_ERRORS, Router
-from titan_morph.comm.failover_stall import STALL_FRACTION, StallWatch
+from titan_morph.comm.delegate.transport import DelegateTransport
+from titan_morph.comm.failover.probe import PROBE_JOIN_S, Prober
+from titan_morph.comm.failover.resend import Message, Recv, Resender
+from titan_morph.comm.failover.router import PATH_ERRORS, Router
+from titan_morph.comm.failover.stall import STALL_FRACTION, StallWatch
 from titan_morph.comm.pairs import LinkGroups
 from titan_morph.comm.records import MessageRecord, close_at_exit
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
@@ -77,7 +77,7 @@ class FailoverTransport(Transport):
         recover_probes: good probes in a row before a failed default path is used again
             (``[morph] recover_consecutive``); probe_interval_s: seconds between probes.
         stall_fraction: a default-path wait that stalls this fraction of the ``[comm]`` bound while
-            the peer has posted its side is the link's failure (:mod:`~titan_morph.comm.failover_stall`).
+            the peer has posted its side is the link's failure (:mod:`~titan_morph.comm.failover.stall`).
         store: the c10d store of the notices (default: the default group's).
     """
 

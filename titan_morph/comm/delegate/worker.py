@@ -1,10 +1,10 @@
 """The delegate processes of the delegated data plane (paper §5.1–§5.2).
 
-One *root* process is started per training rank (``python -m titan_morph.comm.delegate_worker
---run=<token>``) by :class:`~titan_morph.comm.delegate.DelegateTransport`. It blocks SIGTERM,
+One *root* process is started per training rank (``python -m titan_morph.comm.delegate.worker
+--run=<token>``) by :class:`~titan_morph.comm.delegate.transport.DelegateTransport`. It blocks SIGTERM,
 imports torch.distributed once, then forks one *delegate* per role — (link, direction, index j < K,
 send or receive) — before any thread exists, so K × roles delegates cost one torch import. Every
-delegate keeps the root's command line (``titan_morph`` and ``delegate_worker`` in it, so operators
+delegate keeps the root's command line (``titan_morph`` and ``delegate.worker`` in it, so operators
 find them with ``ps``) and names itself ``tm-send-l<link><f|b><j>`` / ``tm-recv-...`` (``ps -o comm``).
 
 Each delegate joins its own 2-process Gloo group with the peer delegate of the same (link,
@@ -49,7 +49,7 @@ import threading
 import time
 from typing import Any, NoReturn
 
-from titan_morph.comm.system import die_with_parent, set_process_name
+from titan_morph.comm.machine.system import die_with_parent, set_process_name
 
 RECORD = struct.Struct("<qqqqqd")  # kind, a, b, c, d, t — 48 bytes (< PIPE_BUF: atomic writes)
 # kinds: READY (delegate joined its pair), NEWSEG/MSG (data plane), STOP (command), ERROR (delegate
@@ -94,7 +94,7 @@ def read_exact(fd: int, n: int) -> bytes | None:
 
 def _exit(code: int, prefix: str | None) -> NoReturn:
     if prefix:
-        from titan_morph.comm.shm import unlink_prefix
+        from titan_morph.comm.delegate.shm import unlink_prefix
 
         try:
             unlink_prefix(prefix)
@@ -159,7 +159,7 @@ def _handshake(dist: Any, header: Any, timeout_s: float, what: str) -> None:
 
 
 def _send_loop(role: dict[str, Any], dist: Any, torch: Any) -> None:
-    from titan_morph.comm.shm import FILLED, FREED, Segment
+    from titan_morph.comm.delegate.shm import FILLED, FREED, Segment
 
     cmd, timeout_s = role["cmd_fd"], role["timeout_s"]
     segments: dict[int, Segment] = {}
@@ -194,8 +194,8 @@ def _send_loop(role: dict[str, Any], dist: Any, torch: Any) -> None:
 
 
 def _recv_loop(role: dict[str, Any], dist: Any, torch: Any) -> None:
-    from titan_morph.comm.shm import CONSUMED, NBYTES, Segment
-    from titan_morph.comm.shm import READY as READY_FLAG
+    from titan_morph.comm.delegate.shm import CONSUMED, NBYTES, Segment
+    from titan_morph.comm.delegate.shm import READY as READY_FLAG
 
     out, timeout_s, nslots = role["out_fd"], role["timeout_s"], role["slots"]
     by_size: dict[int, tuple[int, Segment]] = {}

@@ -1,4 +1,4 @@
-"""The commit notices of the link emulator (:mod:`titan_morph.comm.emulator`) in the c10d store.
+"""The commit notices of the link emulator (:mod:`titan_morph.comm.emulator.transport`) in the c10d store.
 
 gloo cannot poll a receive, so the sender of each emulated message posts a notice (``status:nbytes:
 planned``) under ``<link>/<direction>/<seq>`` once the message is accepted, and the receiver's

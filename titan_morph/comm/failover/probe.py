@@ -1,4 +1,4 @@
-"""Bringing a failed-over link of a :class:`~titan_morph.comm.failover.FailoverTransport` back to its
+"""Bringing a failed-over link of a :class:`~titan_morph.comm.failover.transport.FailoverTransport` back to its
 default path.
 
 After the default path of a link failed, a prober thread makes a fresh 2-rank group (one per
@@ -24,7 +24,7 @@ import socket
 import time
 from datetime import timedelta
 
-from titan_morph.comm.failover_router import Router
+from titan_morph.comm.failover.router import Router
 from titan_morph.comm.pairs import LinkGroups, LinkWire
 from titan_morph.comm.records import MessageBook
 

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from typing import Any, Protocol
 
-from titan_morph.comm.devices import StreamMarks, bind_device
+from titan_morph.comm.machine.devices import StreamMarks, bind_device
 
 __all__ = ["DeviceStamps", "ReadyStamp"]
 

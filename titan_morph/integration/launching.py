@@ -1,20 +1,7 @@
-"""The launcher behind ``./run_train.sh``: check the whole configuration, then start torchrun under
-the supervisor (:mod:`.supervisor`), which leaves nothing behind.
-
-``python -m titan_morph.launch run [--nproc N] [--log-rank R] CONFIG.toml [--section.key value ...]``
-    Reads the TOML and the overrides exactly as the ranks will
-    (:func:`~titan_morph.integration.jobconfig.load`: TorchTitan's ``ConfigManager`` with ``[morph]``,
-    then every check of :func:`titan_morph.config.resolve`), checks ``NGPU`` and ``LOG_RANK``
-    against the job and the host (with ``NNODES`` > 1 this node's ``NGPU`` ranks of a multi-node
-    job, :mod:`.nodes`; the ``[morph]`` network interfaces), and only then starts ``torchrun``. A bad input is one line
-    ``error: <key>: <what is wrong and what is allowed>`` on stderr and exit code 2, before any
-    rank starts.
-``python -m titan_morph.launch check CONFIG.toml [overrides ...]``
-    The checks alone (exit 0 or 2).
-``python -m titan_morph.launch ngpu CONFIG.toml [overrides ...]``
-    Prints the number of ranks the config needs.
-``python -m titan_morph.launch supervise -- COMMAND ...``
-    Runs a torchrun command so that nothing outlives it (:func:`.supervisor.supervise`).
+"""What both releases' launchers do alike before torchrun starts: the host's checks (devices,
+/dev/shm, network interfaces, the nodes of a multi-node job, ``LOG_RANK``), the launcher's command
+line, and the hand-over to torchrun under the supervisor (:mod:`.supervisor`). Each release's
+launcher (:mod:`.titan022.launcher`, :mod:`.titan03.launcher`) reads its own config and calls these.
 """
 
 from __future__ import annotations
@@ -24,10 +11,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from titan_morph.config import ConfigError, Settings
-from titan_morph.integration.jobconfig import config_file_of, load, without_config_file
-from titan_morph.integration.nodes import Nodes, check_interfaces, load_for_nodes, nodes_from_env
-from titan_morph.integration.shm_space import check_shm_space
-from titan_morph.integration.supervisor import TRAIN_MODULE, supervise_main, torchrun_args
+from titan_morph.integration.nodes import Nodes, check_interfaces, nodes_from_env
+from titan_morph.integration.supervisor import supervise_main, torchrun_args
 
 __all__ = [
     "EXIT_BAD_CONFIG",
@@ -37,17 +22,10 @@ __all__ = [
     "command_main",
     "exec_torchrun",
     "loss_rank",
-    "main",
     "ranks_option",
-    "run",
 ]
 
 EXIT_BAD_CONFIG = 2
-USAGE = """usage:
-  python -m titan_morph.launch run [--nproc N] [--log-rank R] CONFIG.toml [--section.key value ...]
-  python -m titan_morph.launch check CONFIG.toml [--section.key value ...]
-  python -m titan_morph.launch supervise -- COMMAND ...
-  python -m titan_morph.launch ngpu CONFIG.toml [--section.key value ...]"""
 
 
 def loss_rank(settings: Settings, ranks: int) -> int:
@@ -80,28 +58,6 @@ def check_log_ranks(spec: str, ranks: int) -> None:
     for part in spec.split(","):
         if not (part.strip().isdigit() and int(part) < ranks):
             raise ConfigError(f"LOG_RANK: {spec!r} must name ranks of this job, 0..{ranks - 1}, separated by commas")
-
-
-def run(config_file: str, overrides: list[str], *, nproc: int | None = None, log_rank: str = "") -> int:
-    """``./run_train.sh``: check, then replace this process by the supervisor of torchrun (so the
-    memory of the check's imports is not held during training). Returns only on a bad config."""
-    nodes = nodes_from_env(os.environ)
-    job_config, settings = load_for_nodes(lambda ranks: load(config_file, overrides, ranks=ranks), nodes, nproc)
-    n, shown = checked_ranks(
-        settings,
-        log_rank,
-        lambda: check_shm_space(job_config, settings, ranks_here=nodes.ranks_per_node(settings.world_size)),
-        nodes,
-    )
-    if nodes.multi:  # the job's ranks shown, where TorchTitan looks for the loss rank (else it warns)
-        os.environ["LOG_RANK"] = log_rank or str(loss_rank(settings, settings.world_size))
-    return exec_torchrun(
-        n,
-        shown,
-        lambda run_id: f"run_train.sh: {n} ranks, config {config_file}, run id {run_id}, {nodes.shown_text(shown, n)}",
-        ["-m", TRAIN_MODULE, "--job.config_file", config_file, *overrides],
-        nodes,
-    )
 
 
 def checked_ranks(
@@ -167,25 +123,3 @@ def command_main(argv: list[str], usage: str, dispatch: Callable[[str, list[str]
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return EXIT_BAD_CONFIG
-
-
-def _dispatch(command: str, args: list[str], options: dict[str, str]) -> int:
-    if not args:
-        print(USAGE, file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    config_file, overrides = args[0], args[1:]
-    named = config_file_of(overrides)  # --job.config_file among the overrides wins, as in TorchTitan's CLI
-    if named:
-        config_file, overrides = named, without_config_file(overrides)
-    if command == "ngpu":
-        print(load(config_file, overrides)[1].world_size)
-    elif command == "check":
-        load(config_file, overrides)
-    else:
-        nproc = ranks_option(options.get("--nproc"))
-        return run(config_file, overrides, nproc=nproc, log_rank=options.get("--log-rank", ""))
-    return 0
-
-
-def main(argv: list[str]) -> int:
-    return command_main(argv, USAGE, _dispatch)

@@ -5,7 +5,7 @@ Importing this module registers everything (usable as ``[experimental] custom_im
 """
 
 from titan_morph.integration.data import register_dataset
-from titan_morph.integration.train_spec import register as register_train_spec
+from titan_morph.integration.titan022.train_spec import register as register_train_spec
 
 
 def register_all() -> None:

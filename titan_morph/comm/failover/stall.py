@@ -1,5 +1,5 @@
 """A default path that stalls instead of failing: a broken data path of a
-:class:`~titan_morph.comm.failover.FailoverTransport` (paper §5.3: route around a failed link or NIC).
+:class:`~titan_morph.comm.failover.transport.FailoverTransport` (paper §5.3: route around a failed link or NIC).
 
 A real broken path (a blackholed route, a dead switch port) raises nothing: gloo's sends and
 receives just stall (a small send may even complete into the local socket buffer while the peer
@@ -35,7 +35,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from titan_morph.comm.failover_router import PRIMARY, Router
+from titan_morph.comm.failover.router import PRIMARY, Router
 from titan_morph.comm.pairs import LinkFailedError
 
 logger = logging.getLogger(__name__)

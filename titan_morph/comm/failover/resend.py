@@ -1,4 +1,4 @@
-"""The messages of a :class:`~titan_morph.comm.failover.FailoverTransport` and their replay on a new path.
+"""The messages of a :class:`~titan_morph.comm.failover.transport.FailoverTransport` and their replay on a new path.
 
 Every message is kept for the current and the previous step. When a link moves after a failure,
 the sending side re-sends (on a re-sender thread per (link, direction), oldest first, ahead of later
@@ -16,8 +16,8 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
-from titan_morph.comm.failover_router import PATH_ERRORS, Router
-from titan_morph.comm.failover_stall import StallWatch
+from titan_morph.comm.failover.router import PATH_ERRORS, Router
+from titan_morph.comm.failover.stall import StallWatch
 from titan_morph.comm.pairs import LinkFailedError
 from titan_morph.comm.records import CommTimeoutError, MessageRecord
 from titan_morph.comm.transport import Handle

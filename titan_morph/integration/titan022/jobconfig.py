@@ -45,7 +45,7 @@ __all__ = [
     "without_config_file",
 ]
 
-CONFIG_MODULE = "titan_morph.integration.config"
+CONFIG_MODULE = "titan_morph.integration.titan022.config"
 """What ``[job] custom_config_module`` names so that TorchTitan merges ``[morph]``."""
 TRAIN_SPEC_NAME = "llama3_morph"
 

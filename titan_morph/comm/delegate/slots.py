@@ -19,10 +19,10 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from titan_morph.comm import delegate_worker as wire
-from titan_morph.comm.delegate_pool import DelegateEnd, DelegateError, DelegatePool
+from titan_morph.comm.delegate import worker as wire
+from titan_morph.comm.delegate.pool import DelegateEnd, DelegateError, DelegatePool
+from titan_morph.comm.delegate.shm import CONSUMED, FILLED, FREED, NBYTES, READY, Segment, layout, pack, unpack
 from titan_morph.comm.records import CommTimeoutError, MessageRecord
-from titan_morph.comm.shm import CONSUMED, FILLED, FREED, NBYTES, READY, Segment, layout, pack, unpack
 from titan_morph.comm.waits import poll_until
 
 __all__ = ["Completion", "DeferredReleases", "Placed", "RecvHandle", "SendHandle", "SlotPath"]
