@@ -212,3 +212,28 @@ def test_release_adapters_import_only_themselves_and_what_they_share():
         if a is not None or (src.startswith("titan_morph.integration.") and src not in DISPATCH):
             wrong.append(f"{src}:{line} imports {dst}")
     assert not wrong, wrong
+
+
+def test_every_declared_dependency_is_imported():
+    """``pyproject.toml`` declares what the code imports (a package nothing imports costs every
+    install its size: triton was 1 GB on CPU machines)."""
+    import re
+
+    import tomllib
+
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+    imported = {
+        name.split(".")[0]
+        for path in [*_files(), *(PACKAGE.parent / "scripts").glob("*.py")]
+        for name, _ in _imports(path)
+    }
+    tools = {"pytest", "pytest-timeout", "ruff", "mypy"}  # run, not imported
+    tests_only = {"hypothesis"}
+    declared = [*project["dependencies"], *project["optional-dependencies"]["dev"]]
+    unused = [
+        req
+        for req in declared
+        if (name := re.split(r"[<>=!~\[ ;]", req, maxsplit=1)[0].lower()) not in tools | tests_only
+        and name.replace("-", "_") not in imported
+    ]
+    assert not unused, f"declared but imported by no module: {unused}"
