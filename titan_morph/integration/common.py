@@ -2,7 +2,8 @@
 release changes (its config object, how it names a key, its CLI entry).
 
 Imports no torchtitan at import time, so either release's adapter can load it; each function takes
-the release's objects (config sections, callbacks) as arguments.
+the release's objects (config sections, callbacks) as arguments, typed by what it reads of them
+(:mod:`.boundary`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,18 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from titan_morph.config import ConfigError, JobView
+from titan_morph.config import ConfigError, JobView, Settings
+from titan_morph.integration.boundary import ParallelismSection, TitanConfig
+
+if TYPE_CHECKING:  # both releases' ParallelDims; torchtitan loads only after the CPU adaptation
+    import logging
+
+    import torch.nn as nn
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import _PipelineSchedule
+    from torchtitan.distributed import ParallelDims
 
 __all__ = [
     "RUN_ID_PLACEHOLDER",
@@ -32,6 +42,9 @@ __all__ = [
 ]
 
 RUN_ID_PLACEHOLDER = "{run_id}"
+
+ModuleSplit = Callable[[int, int, int, int], list[list[str]]]
+"""A release's ``generate_llm_fqn_per_model_part(num_stages, num_layers, input_weight, output_weight)``."""
 
 
 def run_id() -> str:
@@ -100,7 +113,7 @@ def parse_quietly(parse_args: Callable[[], Any]) -> Any:
     return config
 
 
-def _stages_per_rank_of(config: Any, morph_model: bool) -> int | None:
+def _stages_per_rank_of(config: TitanConfig, morph_model: bool) -> int | None:
     """Stages per pipeline rank of titan_morph's model (None = decided by the model); 1 for other
     models, whose per-stage ``morph`` lists are not read."""
     par = config.parallelism
@@ -111,7 +124,7 @@ def _stages_per_rank_of(config: Any, morph_model: bool) -> int | None:
     return stages_per_rank_of(par.pipeline_parallel_schedule, par.pipeline_parallel_layers_per_stage)
 
 
-def job_view(config: Any, ranks: int | None, morph_model: bool) -> JobView:
+def job_view(config: TitanConfig, ranks: int | None, morph_model: bool) -> JobView:
     """What titan_morph reads of a TorchTitan config (both releases keep these sections' names);
     ``morph_model``: the config trains titan_morph's model, ``ranks``: the launcher's NGPU."""
     par, training, comm = config.parallelism, config.training, config.comm
@@ -133,7 +146,7 @@ def job_view(config: Any, ranks: int | None, morph_model: bool) -> JobView:
     )
 
 
-def check_schedule(parallelism: Any) -> None:
+def check_schedule(parallelism: ParallelismSection) -> None:
     """The schedule name is one titan_morph builds (for its model, pipelined)."""
     from titan_morph.integration.schedules import check_schedule_name, schedule_names
 
@@ -148,7 +161,7 @@ def check_schedule(parallelism: Any) -> None:
 # --- the pipelining function ---------------------------------------------------------------------
 
 
-def stages_per_rank(parallelism: Any, placement: str, pp: int, num_layers: int, section: str) -> int:
+def stages_per_rank(parallelism: ParallelismSection, placement: str, pp: int, num_layers: int, section: str) -> int:
     """Stages per PP rank, as TorchTitan's ``pipeline_llm`` decides: from
     ``pipeline_parallel_layers_per_stage`` when set (ceil((layers + first/last-stage weights) /
     layers per stage) stages, a multiple of the PP degree), else 1 for one-stage schedules and 2
@@ -179,7 +192,7 @@ def stages_per_rank(parallelism: Any, placement: str, pp: int, num_layers: int, 
 
 
 def stage_module_names(
-    parallelism: Any, num_stages: int, num_layers: int, generate: Callable[..., Any], section: str
+    parallelism: ParallelismSection, num_stages: int, num_layers: int, generate: ModuleSplit, section: str
 ) -> list[list[str]]:
     """Module FQNs per stage: the config's ``module_fqns_per_model_part`` or TorchTitan's split
     (``generate``: the release's ``generate_llm_fqn_per_model_part``)."""
@@ -205,19 +218,19 @@ _SPLIT_AS = {"single": "1F1B", "loop": "Interleaved1F1B", "v": "ZBVZeroBubble"}
 
 
 def pipeline(
-    parallelism: Any,
-    parallel_dims: Any,
+    parallelism: ParallelismSection,
+    parallel_dims: ParallelDims,
     num_layers: int,
     *,
     section: str,
     csv_hint: str,
-    generate: Callable[..., Any],
-    split: Callable[[str, list[list[str]]], tuple[list[Any], list[Any]]],
-    parallelize: Callable[[Any], Any],
-    settings_of: Callable[[], Any],
-    loss_fn: Any,
-    logger: Any,
-) -> tuple[Any, list[Any], bool, bool]:
+    generate: ModuleSplit,
+    split: Callable[[str, list[list[str]]], tuple[list[PipelineStage], list[nn.Module]]],
+    parallelize: Callable[[nn.Module], nn.Module],
+    settings_of: Callable[[], Settings],
+    loss_fn: Callable[..., Any] | None,
+    logger: logging.Logger,
+) -> tuple[_PipelineSchedule, list[nn.Module], bool, bool]:
     """What llama3_morph's ``pipelining_fn`` returns on either release: the model split as
     TorchTitan's ``pipeline_llm`` does for the schedule's placement, each part parallelised and FSDP
     moved to gloo, then titan_morph's schedule over the stages. The release supplies how it spells
@@ -271,7 +284,7 @@ class MorphTrainerMethods:
     ``Trainer`` in the bases: the run summary, closing the schedule and transports while the
     process groups exist, and the DP x PP hooks. Needs ``morph_settings`` and ``_trained``."""
 
-    morph_settings: Any
+    morph_settings: Settings
     _trained: bool
 
     def train(self) -> None:

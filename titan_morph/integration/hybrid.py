@@ -163,7 +163,7 @@ def make_exchange(
     pipeline_group: dist.ProcessGroup,
     microbatches: int,
     epoch: float,
-    parallel_dims: Any,
+    parallel_dims: ParallelDims | None,
     cost: PipelineCost | None,
     stages_per_rank: int = 1,
 ) -> HybridExchange | None:

@@ -9,22 +9,21 @@ reports: scalars from ``tensorboard_metrics(step)`` when it is a
 plan timeline after a re-plan) when it is an :class:`~titan_morph.runtime.metrics.ImageSource`
 (titan_morph's schedules are both; a plug-in schedule may be either). They are called on every
 rank at the same steps, but only the logging rank's values are written; the schedule has gathered
-other ranks' numbers itself (no collectives inside these calls).
+other ranks' numbers itself (no collectives inside these calls). Each release's adapter builds it
+(:mod:`.titan022.metrics`, :mod:`.titan03.metrics`).
 """
 
-import dataclasses
 from typing import Any
 
 from torchtitan.components.metrics import MetricsProcessor
 
-from titan_morph.integration.schedules import schedule_placement
 from titan_morph.runtime.metrics import ImageSource, MetricsSource
 
 
 class MorphMetricsProcessor(MetricsProcessor):
     """TorchTitan's MetricsProcessor plus the schedule's figures."""
 
-    schedule: Any = None
+    schedule: object = None  # the running pipeline schedule, set by the trainer
 
     def log(
         self,
@@ -50,19 +49,3 @@ class MorphMetricsProcessor(MetricsProcessor):
             if writer is not None and hasattr(writer, "add_image"):
                 for tag, img in images.items():
                     writer.add_image(tag, img, step, dataformats="HWC")
-
-
-def build_morph_metrics_processor(
-    job_config: Any, parallel_dims: Any, model_args: Any = None, tag: str | None = None
-) -> MorphMetricsProcessor:
-    """``TrainSpec.build_metrics_processor_fn`` for ``llama3_morph``."""
-    par = job_config.parallelism
-    view = job_config
-    if parallel_dims.pp_enabled and schedule_placement(par.pipeline_parallel_schedule) == "v":
-        # The V's last stage runs on rank 0: log from there, as TorchTitan does for its ZBVZeroBubble.
-        view = dataclasses.replace(
-            job_config, parallelism=dataclasses.replace(par, pipeline_parallel_schedule="ZBVZeroBubble")
-        )
-    processor = MorphMetricsProcessor(view, parallel_dims, tag)
-    processor.job_config = job_config
-    return processor

@@ -4,7 +4,8 @@
   ``JobConfig``;
 * :mod:`.jobconfig`: TOML + overrides -> ``JobConfig`` -> :class:`~titan_morph.config.JobView` -> settings;
 * :mod:`.train_spec`: TrainSpec ``llama3_morph`` whose ``pipelining_fn`` builds titan_morph's schedules
-  (:mod:`.synthetic`: its testbed flavor); :mod:`.register` registers it and the dataset;
+  (:mod:`.synthetic`: its testbed flavor, :mod:`.metrics`: its metrics processor); :mod:`.register`
+  registers it and the dataset;
 * :mod:`.trainer`: the ``Trainer`` subclass and the rank entry point (``python -m titan_morph.train``);
 * :mod:`.launcher`: what ``./run_train.sh`` runs (``python -m titan_morph.launch``).
 

@@ -24,7 +24,7 @@ import sys
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from titan_morph.config import ConfigError, JobView, Settings, resolve
 from titan_morph.config.cli import check_overrides, expand_negated_flags, option_fields
@@ -34,6 +34,14 @@ from titan_morph.config.schema import Morph
 from titan_morph.integration import common
 from titan_morph.integration.common import parse_quietly
 
+if TYPE_CHECKING:  # the launcher reads configs before torchtitan loads (it adapts TorchTitan to CPU first)
+    from torchtitan.config import JobConfig as TitanJobConfig
+
+    class MergedJobConfig(TitanJobConfig, MorphJobConfig):
+        """TorchTitan's JobConfig with ``[morph]`` merged in: the dataclass its ``ConfigManager``
+        makes (``MergedJobConfig``) when ``[job] custom_config_module`` names :data:`CONFIG_MODULE`."""
+
+
 __all__ = [
     "CONFIG_MODULE",
     "config_file_of",
@@ -42,6 +50,7 @@ __all__ = [
     "load_toml",
     "prepare_args",
     "settings_of",
+    "with_morph",
     "without_config_file",
 ]
 
@@ -114,7 +123,7 @@ def prepare_args(argv: Sequence[str]) -> list[str]:
     return args if named_on_cli or named_in_toml else [*args, "--job.custom_config_module", CONFIG_MODULE]
 
 
-def _parse_job_config(config_file: str | Path, overrides: Sequence[str]) -> Any:
+def _parse_job_config(config_file: str | Path, overrides: Sequence[str]) -> TitanJobConfig:
     """TorchTitan's JobConfig for ``--job.config_file CONFIG *overrides``, as ``torchtitan.train``
     builds it, after the TOML's keys and the overrides' names and values were checked."""
     toml = load_toml(config_file)
@@ -134,12 +143,12 @@ def _parse_job_config(config_file: str | Path, overrides: Sequence[str]) -> Any:
     return parse_quietly(lambda: ConfigManager().parse_args(argv))
 
 
-def job_view(job_config: Any, ranks: int | None = None) -> JobView:
+def job_view(job_config: TitanJobConfig, ranks: int | None = None) -> JobView:
     """What titan_morph reads of a TorchTitan 0.2.2 JobConfig (``ranks``: the launcher's NGPU)."""
     return common.job_view(job_config, ranks, job_config.model.name == TRAIN_SPEC_NAME)
 
 
-def _check_schedule(job_config: Any) -> None:
+def _check_schedule(job_config: TitanJobConfig) -> None:
     """For titan_morph's TrainSpec: ``[experimental] custom_import`` (which may register schedules)
     imports, and the schedule name is registered."""
     par = job_config.parallelism
@@ -157,18 +166,28 @@ def _check_schedule(job_config: Any) -> None:
 # TorchTitan hands one JobConfig to the trainer, the model args and the TrainSpec's pipelining_fn, none
 # of which can carry titan_morph's settings to the next: each JobConfig is resolved once, here.
 # Keyed by id (a JobConfig is an unhashable dataclass); an entry goes with its JobConfig.
-_resolved: dict[int, tuple[weakref.ref[Any], Settings]] = {}
+_resolved: dict[int, tuple[weakref.ref[TitanJobConfig], Settings]] = {}
 
 
-def settings_of(job_config: Any, ranks: int | None = None) -> Settings:
+def _has_morph(job_config: TitanJobConfig) -> TypeGuard[MergedJobConfig]:
+    return isinstance(getattr(job_config, "morph", None), Morph)
+
+
+def with_morph(job_config: TitanJobConfig) -> MergedJobConfig:
+    """``job_config`` as TorchTitan merged ``[morph]`` into it; one error when it did not (the
+    config module was not named)."""
+    if not _has_morph(job_config):
+        raise ConfigError(f"morph: the [morph] section is missing: set [job] custom_config_module = {CONFIG_MODULE!r}")
+    return job_config
+
+
+def settings_of(job_config: TitanJobConfig, ranks: int | None = None) -> Settings:
     """The resolved settings of a TorchTitan 0.2.2 JobConfig (the schedule checked too), resolved
     on the first call for that JobConfig."""
     ref, known = _resolved.get(id(job_config), (None, None))
     if ref is not None and ref() is job_config and known is not None and known.job.ranks == ranks:
         return known
-    morph = getattr(job_config, "morph", None)
-    if not isinstance(morph, Morph):
-        raise ConfigError(f"morph: the [morph] section is missing: set [job] custom_config_module = {CONFIG_MODULE!r}")
+    morph = with_morph(job_config).morph
     _check_schedule(job_config)
     settings = resolve(morph, job_view(job_config, ranks))
     key = id(job_config)
@@ -176,8 +195,10 @@ def settings_of(job_config: Any, ranks: int | None = None) -> Settings:
     return settings
 
 
-def load(config_file: str | Path, overrides: Sequence[str] = (), ranks: int | None = None) -> tuple[Any, Settings]:
-    """TorchTitan's JobConfig and titan_morph's settings for a TOML file and its overrides: every
-    check a rank would run, before any rank starts."""
-    job_config = _parse_job_config(config_file, overrides)
+def load(
+    config_file: str | Path, overrides: Sequence[str] = (), ranks: int | None = None
+) -> tuple[MergedJobConfig, Settings]:
+    """TorchTitan's JobConfig (``[morph]`` merged in) and titan_morph's settings for a TOML file and
+    its overrides: every check a rank would run, before any rank starts."""
+    job_config = with_morph(_parse_job_config(config_file, overrides))
     return job_config, settings_of(job_config, ranks)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from titan_morph.config import Settings
 from titan_morph.integration.launching import (
@@ -37,6 +37,9 @@ from titan_morph.integration.shm_space import check_ring_space
 from titan_morph.integration.supervisor import TRAIN_MODULE
 from titan_morph.integration.titan022.jobconfig import config_file_of, load, without_config_file
 
+if TYPE_CHECKING:  # torchtitan loads after the CPU adaptation (jobconfig.load runs it)
+    from torchtitan.config import JobConfig
+
 __all__ = ["USAGE", "main", "message_bytes", "run"]
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -48,7 +51,7 @@ USAGE = """usage:
   python -m titan_morph.launch ngpu CONFIG.toml [--section.key value ...]"""
 
 
-def message_bytes(job_config: Any, settings: Settings) -> int | None:
+def message_bytes(job_config: JobConfig, settings: Settings) -> int | None:
     """Bytes of one pipeline message (a microbatch's activations: microbatch x seq_len x dim), in the
     dtype the stages exchange (FSDP's ``mixed_precision_param`` when it shards, else float32);
     None when the model's width cannot be found (a model titan_morph does not know)."""

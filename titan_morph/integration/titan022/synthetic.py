@@ -12,6 +12,7 @@ size of the messages between stages independently of the width: the stages' send
 from dataclasses import dataclass
 from typing import Any
 
+from torchtitan.config import JobConfig
 from torchtitan.models.llama3.model.args import TransformerModelArgs
 
 HEAD_DIM = 16
@@ -22,7 +23,7 @@ FLAVOR = "synthetic"
 class SyntheticModelArgs(TransformerModelArgs):
     """llama3 args resized from ``[morph.synthetic]`` and the pipeline degree at start-up."""
 
-    def update_from_config(self, job_config: Any, **kwargs: Any) -> None:
+    def update_from_config(self, job_config: JobConfig, **kwargs: Any) -> None:
         super().update_from_config(job_config, **kwargs)
         from titan_morph.integration.titan022.jobconfig import settings_of
 

@@ -10,26 +10,29 @@ pipeline_parallel_schedule`` through :func:`titan_morph.integration.schedules.bu
 """
 
 import dataclasses
-from typing import Any
 
 import torch
 import torch.nn as nn
 from torch.distributed.pipelining.schedules import _PipelineSchedule
+from torchtitan.components.loss import LossFunction
+from torchtitan.config import JobConfig
+from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_part, pipeline_module_split
-from torchtitan.protocols.train_spec import TrainSpec, get_train_spec, register_train_spec
+from torchtitan.models.llama3.model.args import TransformerModelArgs
+from torchtitan.protocols.train_spec import ParallelizeFunction, TrainSpec, get_train_spec, register_train_spec
 from torchtitan.tools.logging import logger
 
 from titan_morph.integration import common
-from titan_morph.integration.metrics import build_morph_metrics_processor
 from titan_morph.integration.titan022.jobconfig import TRAIN_SPEC_NAME, settings_of
+from titan_morph.integration.titan022.metrics import build_morph_metrics_processor
 
 
-def stages_per_rank(job_config: Any, placement: str, pp: int, num_layers: int) -> int:
+def stages_per_rank(job_config: JobConfig, placement: str, pp: int, num_layers: int) -> int:
     """Stages per PP rank, as TorchTitan's ``pipeline_llm`` decides (:func:`.common.stages_per_rank`)."""
     return common.stages_per_rank(job_config.parallelism, placement, pp, num_layers, "[parallelism] ")
 
 
-def stage_module_names(job_config: Any, num_stages: int, num_layers: int) -> list[list[str]]:
+def stage_module_names(job_config: JobConfig, num_stages: int, num_layers: int) -> list[list[str]]:
     """Module FQNs per stage: the config's ``module_fqns_per_model_part`` or TorchTitan's split."""
     return common.stage_module_names(
         job_config.parallelism, num_stages, num_layers, generate_llm_fqn_per_model_part, "[parallelism] "
@@ -38,12 +41,12 @@ def stage_module_names(job_config: Any, num_stages: int, num_layers: int) -> lis
 
 def pipeline_stages(
     model: nn.Module,
-    parallel_dims: Any,
-    job_config: Any,
+    parallel_dims: ParallelDims,
+    job_config: JobConfig,
     device: torch.device,
-    model_args: Any,
-    parallelize_fn: Any,
-    loss_fn: Any,
+    model_args: TransformerModelArgs,
+    parallelize_fn: ParallelizeFunction,
+    loss_fn: LossFunction,
 ) -> tuple[_PipelineSchedule, list[nn.Module], bool, bool]:
     """TorchTitan ``pipelining_fn``: split into this rank's stage(s), then build the schedule."""
     return common.pipeline(

@@ -19,11 +19,16 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from titan_morph.integration.common import RUN_ID_PLACEHOLDER, MorphTrainerMethods, rank_main, run_id
 from titan_morph.integration.cpu import adapt_torchtitan_to_cpu
 from titan_morph.integration.titan022.jobconfig import prepare_args, settings_of
+
+if TYPE_CHECKING:  # torchtitan loads after the CPU adaptation
+    import logging
+
+    from torchtitan.config import JobConfig
 
 __all__ = ["main", "run_id"]
 
@@ -37,7 +42,7 @@ def _make_trainer_class() -> type:
         """TorchTitan's Trainer; resolves [morph] first, makes the run folder self-describing and
         ends with the run's summary (step time before / during / after a straggler)."""
 
-        def __init__(self, job_config: Any) -> None:
+        def __init__(self, job_config: JobConfig) -> None:
             self.morph_settings = settings_of(job_config)
             self._trained = False  # set once training finished: transports then drain on close
             job = job_config.job
@@ -54,7 +59,7 @@ def _make_trainer_class() -> type:
     return MorphTrainer
 
 
-def _write_run_info(job_config: Any, logger: Any) -> None:
+def _write_run_info(job_config: JobConfig, logger: logging.Logger) -> None:
     """The TOML and how the run was started, next to TorchTitan's resolved config.json."""
     import torch
 
