@@ -11,11 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from titan_morph.pipelining import search as search_mod
+from titan_morph.pipelining import search_tabu as tabu
 from titan_morph.pipelining.builders import build, split_fused
 from titan_morph.pipelining.instances import instance_set, planner_set, random_instance
 from titan_morph.pipelining.links import StaticDelays
 from titan_morph.pipelining.model import CostModel, in_flight_peak, validate_orders
 from titan_morph.pipelining.search import default_iterations, search, search_detailed
+from titan_morph.pipelining.search_score import Topology
 from titan_morph.pipelining.simulate import makespan as sim_makespan
 from titan_morph.pipelining.simulate import simulate, time_codes, to_codes
 
@@ -126,32 +128,32 @@ def test_tails_give_the_makespan_and_moves_keep_orders_valid() -> None:
     for model, name in _tails_models():
         codes = to_codes(split_fused(build(name, model).orders), model)
         delays = (model.delays, model.delays)
-        topo = search_mod._Topology(model)
+        topo = Topology(model)
         tl = time_codes(model, codes, delays=delays, detail=True)
-        dur = search_mod._durations_of(model, codes)
-        q, qj = search_mod._tails(codes, dur, delays, model.microbatches, topo)
+        dur = tabu.durations_of(model, codes)
+        q, qj = tabu.tails(codes, dur, delays, model.microbatches, topo)
         longest = max(tl.start[r][p] + q[r][p] for r in range(model.ranks) for p in range(len(codes[r])))
         assert longest == pytest.approx(tl.makespan)
         caps = [model.budget(r) for r in range(model.ranks)]
-        for s, a, b in search_mod._critical_blocks(codes, tl, topo):
+        for s, a, b in tabu.critical_blocks(codes, tl, topo):
             live, acc = [], 0
             for c, _ in codes[s]:
                 acc += 1 if c % 4 == 0 else -1 if c % 4 == 1 else 0
                 live.append(acc)
-            for i, j in search_mod._block_insertions(a, b):
-                moved = search_mod._move(codes[s], i, j)
-                ok = search_mod._insertion_ok(codes[s], i, j, live, caps[s])
+            for i, j in tabu.block_insertions(a, b):
+                moved = tabu.move(codes[s], i, j)
+                ok = tabu.insertion_ok(codes[s], i, j, live, caps[s])
                 if model.stages_per_rank == 1:
-                    assert ok == search_mod._stage_ok(moved, caps[s])
+                    assert ok == tabu.stage_ok(moved, caps[s])
                 else:
-                    assert not ok or search_mod._stage_ok(moved, caps[s])
+                    assert not ok or tabu.stage_ok(moved, caps[s])
                 if not ok:
                     continue
                 trial = codes[:]
                 trial[s] = moved
                 exact = time_codes(model, trial, delays=delays).makespan
                 if math.isfinite(exact):
-                    est = search_mod._estimate(s, i, j, tl, dur, q, qj)
+                    est = tabu.estimate(s, i, j, tl, dur, q, qj)
                     assert est <= exact * 1.5 and est >= 0.5 * exact
                     checked += 1
     assert checked > 20

@@ -3,7 +3,8 @@ other titan_morph package).
 
 Data flows one way: ``model`` (costs) → ``slackness`` (Eq. 1, Alg. 1/2) → ``generate`` (the one
 Alg. 3/4 generator) → ``simulate`` (the one timing routine for fixed orders under delays) →
-``search`` / ``robust`` (best plan for one delay vector / for sampled delays) → ``builders``
+``search`` / ``robust`` (best plan for one delay vector / for sampled delays; ``search`` drives
+``search_knobs`` and ``search_tabu``, its two workers, scored by ``search_score``) → ``builders``
 (named schedules) → ``export`` and ``cli`` (``python -m titan_morph.pipelining.plan``). ``exact``
 is the CP-SAT reference for small instances and holds the closed-form lower bounds on any schedule
 (static delays, and one step under time-varying links); ``links`` is the link model the simulator

@@ -174,7 +174,7 @@ def _deadlock(model: CostModel, orders: Sequence[Sequence[Op]], pos: Sequence[in
 
 # ---------------------------------------------------------------------------------------------
 # The timing routine: one pass over fixed orders, shared by simulate(), makespan(), the search's
-# order moves (search.py), robust planning (robust.py) and the exact reference (exact.py).
+# order moves (search_tabu.py), robust planning (robust.py) and the exact reference (exact.py).
 # ---------------------------------------------------------------------------------------------
 
 OP_F, OP_I, OP_W, OP_B = 0, 1, 2, 3
