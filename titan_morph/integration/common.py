@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from titan_morph.config import ConfigError, JobView, Settings
 from titan_morph.integration.boundary import ParallelismSection, TitanConfig
@@ -42,6 +42,8 @@ __all__ = [
 ]
 
 RUN_ID_PLACEHOLDER = "{run_id}"
+
+_Config = TypeVar("_Config")
 
 ModuleSplit = Callable[[int, int, int, int], list[list[str]]]
 """A release's ``generate_llm_fqn_per_model_part(num_stages, num_layers, input_weight, output_weight)``."""
@@ -94,7 +96,7 @@ def _first_message(text: str) -> str:
     return "command line: TorchTitan could not parse the arguments"
 
 
-def parse_quietly(parse_args: Callable[[], Any]) -> Any:
+def parse_quietly(parse_args: Callable[[], _Config]) -> _Config:
     """The config TorchTitan's ``ConfigManager().parse_args`` (``parse_args``) builds, its output
     held back: ``--help`` prints it and exits 0, a refusal is one :class:`ConfigError` line."""
     error = ""
@@ -309,7 +311,7 @@ class MorphTrainerMethods:
         finally:
             super().close()  # type: ignore[misc]
 
-    def init_distributed(self) -> Any:
+    def init_distributed(self) -> ParallelDims:
         """TorchTitan's ParallelDims; for DP x PP, with the DP groups on the DP backend."""
         from titan_morph.integration.hybrid import parallel_dims_for
 

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
 
 from titan_morph.config import Settings
+from titan_morph.integration.boundary import TitanConfig
 
 __all__ = ["Release", "current", "installed"]
 
@@ -49,8 +49,11 @@ class Release:
         name = str(config)
         return Path(name).stem if name.endswith(".toml") else name
 
-    def load(self, config: str | Path, overrides: Sequence[str] = (), ranks: int | None = None) -> tuple[Any, Settings]:
-        """TorchTitan's config and titan_morph's settings, after every pre-rank check."""
+    def load(
+        self, config: str | Path, overrides: Sequence[str] = (), ranks: int | None = None
+    ) -> tuple[TitanConfig, Settings]:
+        """TorchTitan's config (the release's class; what both share is :class:`.boundary.TitanConfig`)
+        and titan_morph's settings, after every pre-rank check."""
         if self.config_functions:
             from titan_morph.integration.titan03.jobconfig import load as load03
 

@@ -25,7 +25,7 @@ Importing this module loads TorchTitan (adapted to CPU first where CUDA is absen
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
 
 from titan_morph.integration.titan03.cpu import adapt
 
@@ -135,12 +135,16 @@ def debug_cpu() -> MorphTrainer.Config:
     )
 
 
+def _synthetic_morph() -> Morph:
+    """The ``morph`` options every synthetic job starts from; each job replaces some."""
+    return Morph(memory_budget=7, transport="auto", link_queue_depth=2, detect_min_ms=10.0, synthetic=_testbed())
+
+
 def _synthetic_job(
-    folder: str, steps: int, parallelism: ParallelismConfig | None = None, **morph: Any
+    folder: str, steps: int, morph: Morph, parallelism: ParallelismConfig | None = None
 ) -> MorphTrainer.Config:
     """A job on the synthetic testbed (N=24, sequence 16): the jobs differ only in folder, steps,
-    parallelism and the ``morph`` options given over these defaults."""
-    options: dict[str, Any] = {"memory_budget": 7, "transport": "auto", "link_queue_depth": 2, "detect_min_ms": 10.0}
+    parallelism and ``morph`` (:func:`_synthetic_morph` with some options replaced)."""
     return _job(
         folder=folder,
         flavor=SYNTHETIC,
@@ -148,41 +152,43 @@ def _synthetic_job(
         seq_len=16,
         steps=steps,
         parallelism=parallelism or _pp(),
-        morph=Morph(**{**options, **morph}, synthetic=_testbed()),
+        morph=morph,
     )
 
 
-def _straggler(start_step: int, end_step: int) -> dict[str, Any]:
-    """The ``morph`` options of a 60 ms straggler on link 2-3 during the steps given, searched and
-    re-planned (3 slow steps to detect, 5 fast ones to recover)."""
-    return {
-        "search": True,
-        "detect_consecutive": 3,
-        "recover_consecutive": 5,
-        "inject": Inject(mode="static", delays_ms=[0.0, 0.0, 60.0], start_step=start_step, end_step=end_step),
-    }
+def _straggler(start_step: int, end_step: int) -> Morph:
+    """The synthetic jobs' ``morph`` with a 60 ms straggler on link 2-3 during the steps given,
+    searched and re-planned (3 slow steps to detect, 5 fast ones to recover)."""
+    return replace(
+        _synthetic_morph(),
+        search=True,
+        detect_consecutive=3,
+        recover_consecutive=5,
+        inject=Inject(mode="static", delays_ms=[0.0, 0.0, 60.0], start_step=start_step, end_step=end_step),
+    )
 
 
 def straggler_demo_cpu() -> MorphTrainer.Config:
     """The straggler demo: synthetic testbed (N=24, F=B=W=10 ms), link 2-3 slow (60 ms per message)
     during steps 6-15: detection, re-plan, delegation, recovery, then the run summary."""
-    return _synthetic_job("straggler_demo", 26, **_straggler(6, 15))
+    return _synthetic_job("straggler_demo", 26, _straggler(6, 15))
 
 
 def synthetic_cpu() -> MorphTrainer.Config:
     """The synthetic testbed: PP=4, N=24, F=B=W=10 ms per microbatch, the default transport."""
-    return _synthetic_job("synthetic_cpu", 12, transport="default")
+    return _synthetic_job("synthetic_cpu", 12, replace(_synthetic_morph(), transport="default"))
 
 
 def adapt_cpu() -> MorphTrainer.Config:
     """Live adaptation: 60 ms on link 2-3 during steps 5-14 on the synthetic testbed."""
-    return _synthetic_job("adapt_cpu", 24, **_straggler(5, 14))
+    return _synthetic_job("adapt_cpu", 24, _straggler(5, 14))
 
 
 def hybrid_cpu() -> MorphTrainer.Config:
     """DP x PP: PP=2 x FSDP=2 on the synthetic testbed; a slow DP pair may move onto a pipeline link
     (orchestrator ``pp``), through a checkpoint and a relaunch."""
-    config = _synthetic_job("hybrid_cpu", 12, _pp(2, shard=2), memory_budget=4, orchestrator="pp")
+    morph = replace(_synthetic_morph(), memory_budget=4, orchestrator="pp")
+    config = _synthetic_job("hybrid_cpu", 12, morph, _pp(2, shard=2))
     config.training.mixed_precision_param = "float32"
     config.checkpoint = CheckpointManager.Config(
         enable=True, folder="checkpoint", interval=1000, last_save_model_only=True, initial_load_model_only=False

@@ -11,10 +11,15 @@ which has no backward on CPU, and it refuses ``sdpa`` by name. Without CUDA,
 no document masks: every sequence attends across its packed documents, as 0.2.2's sdpa did).
 """
 
+from __future__ import annotations
+
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from titan_morph.integration.cpu import adapt_fsdp_to_gloo, cuda_absent
+
+if TYPE_CHECKING:  # torchtitan loads after the adaptation
+    from torchtitan.protocols.model import BaseModel
 
 __all__ = ["adapt", "adapt_attention", "adapt_fsdp_to_gloo"]
 
@@ -37,7 +42,7 @@ def adapt() -> bool:
     return cpu.adapt_torchtitan_to_cpu()
 
 
-def adapt_attention(model_config: Any) -> int:
+def adapt_attention(model_config: BaseModel.Config) -> int:
     """While the CPU adaptation is active: FlexAttention -> SDPA in ``model_config`` (in place).
     Returns the attention modules changed."""
     from titan_morph.integration import cpu

@@ -21,13 +21,18 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 from dataclasses import fields, is_dataclass
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from titan_morph.config import ConfigError, JobView, Settings, resolve
 from titan_morph.config.cli import check_overrides, expand_negated_flags
 from titan_morph.config.schema import Morph
 from titan_morph.integration import common
 from titan_morph.integration.common import parse_quietly
+
+if TYPE_CHECKING:  # torchtitan loads after the CPU adaptation (importing titan_morph.configs runs it)
+    from _typeshed import DataclassInstance
+    from torchtitan.trainer import Trainer
 
 __all__ = [
     "CONFIG_MODULE",
@@ -90,7 +95,7 @@ def module_and_function(argv: Sequence[str]) -> tuple[str | None, str | None, li
     return found["--module"], found["--config"], rest
 
 
-def _import_module(module: str) -> Any:
+def _import_module(module: str) -> ModuleType:
     """The module ``--module`` names, as TorchTitan's ConfigManager finds it (``M.config_registry`` first)."""
     for candidate in (f"{module}.config_registry", module):
         try:
@@ -101,7 +106,7 @@ def _import_module(module: str) -> Any:
     raise ConfigError(f"module: {module!r} cannot be imported")
 
 
-def config_functions(module: Any) -> list[str]:
+def config_functions(module: ModuleType) -> list[str]:
     """The config functions a module offers: its public lower-case callables defined there."""
     names = getattr(module, "__all__", None)
     if names is None:
@@ -109,7 +114,7 @@ def config_functions(module: Any) -> list[str]:
     return sorted(n for n in names if not n.startswith("_") and n[:1].islower())
 
 
-def _base_config(module_name: str, function: str) -> Any:
+def _base_config(module_name: str, function: str) -> Trainer.Config:
     module = _import_module(module_name)
     fn = getattr(module, function, None)
     offered = config_functions(module)
@@ -118,7 +123,7 @@ def _base_config(module_name: str, function: str) -> Any:
     return fn()
 
 
-def option_fields_of(config: Any, prefix: str = "") -> dict[str, Any]:
+def option_fields_of(config: DataclassInstance, prefix: str = "") -> dict[str, Any]:
     """Every leaf option of a config instance: dotted key -> field type. The values' own classes are
     walked (a config function may set a subclass, e.g. a dataloader with a ``dataset`` field)."""
     out: dict[str, Any] = {}
@@ -139,7 +144,7 @@ def prepare_args(argv: Sequence[str], morph_options: dict[str, Any]) -> list[str
     return expand_negated_flags(argv, morph_options)
 
 
-def parse(module: str, function: str, overrides: Sequence[str]) -> Any:
+def parse(module: str, function: str, overrides: Sequence[str]) -> Trainer.Config:
     """TorchTitan 0.3.0's ``Trainer.Config`` for ``--module M --config FN *overrides``, as
     ``torchtitan.train`` builds it, after the overrides' names and values were checked."""
     base = _base_config(module, function)
@@ -151,23 +156,23 @@ def parse(module: str, function: str, overrides: Sequence[str]) -> Any:
     return parse_quietly(lambda: ConfigManager().parse_args(["--module", module, "--config", function, *args]))
 
 
-def _is_morph_model(config: Any) -> bool:
-    spec = getattr(config, "model_spec", None)
+def _is_morph_model(config: Trainer.Config) -> bool:
+    spec = config.model_spec
     return spec is not None and spec.name == MODEL_NAME
 
 
-def job_view(config: Any, ranks: int | None = None) -> JobView:
+def job_view(config: Trainer.Config, ranks: int | None = None) -> JobView:
     """What titan_morph reads of a TorchTitan 0.3.0 ``Trainer.Config`` (``ranks``: the launcher's NGPU)."""
     return common.job_view(config, ranks, _is_morph_model(config))
 
 
-def _check_schedule(config: Any) -> None:
+def _check_schedule(config: Trainer.Config) -> None:
     """For titan_morph's model: the schedule name is one titan_morph builds."""
     if config.parallelism.pipeline_parallel_degree >= 2 and _is_morph_model(config):
         common.check_schedule(config.parallelism)
 
 
-def settings_of(config: Any, ranks: int | None = None) -> Settings:
+def settings_of(config: Trainer.Config, ranks: int | None = None) -> Settings:
     """The resolved settings of a TorchTitan 0.3.0 ``Trainer.Config`` (the schedule checked too)."""
     morph = getattr(config, "morph", None)
     if not isinstance(morph, Morph):
@@ -178,7 +183,7 @@ def settings_of(config: Any, ranks: int | None = None) -> Settings:
 
 def load(
     function: str, overrides: Sequence[str] = (), ranks: int | None = None, module: str = CONFIG_MODULE
-) -> tuple[Any, Settings]:
+) -> tuple[Trainer.Config, Settings]:
     """TorchTitan's config and titan_morph's settings for a config function and its overrides:
     every check a rank would run, before any rank starts."""
     config = parse(module, function, overrides)

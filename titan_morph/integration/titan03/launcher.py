@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from titan_morph.config import Settings
 from titan_morph.integration.launching import (
@@ -29,6 +29,9 @@ from titan_morph.integration.nodes import load_for_nodes, nodes_from_env
 from titan_morph.integration.shm_space import check_ring_space
 from titan_morph.integration.titan03.jobconfig import CONFIG_MODULE, load, module_and_function
 
+if TYPE_CHECKING:  # torchtitan loads after the CPU adaptation (jobconfig.load runs it)
+    from torchtitan.trainer import Trainer
+
 __all__ = ["TRAIN_MODULE", "main", "run"]
 
 TRAIN_MODULE = "titan_morph.integration.titan03.train"
@@ -40,7 +43,7 @@ FN: a config function of titan_morph.configs (debug_cpu, straggler_demo_cpu, syn
 hybrid_cpu); --module M picks another module."""
 
 
-def _message_bytes(config: Any, settings: Settings) -> int | None:
+def _message_bytes(config: Trainer.Config, settings: Settings) -> int | None:
     """Bytes of one pipeline message in a 0.3.0 config (microbatch x seq_len x width, in the dtype
     the stages exchange); None when the model's width cannot be found."""
     try:

@@ -26,7 +26,7 @@ class MorphMetrics(MorphMetricsProcessor):
     class Config(MetricsProcessor.Config):
         pass
 
-    def __init__(self, config: Any, *, pp_schedule: str = "1F1B", **kwargs: Any) -> None:
+    def __init__(self, config: MetricsProcessor.Config, *, pp_schedule: str = "1F1B", **kwargs: Any) -> None:
         try:
             if schedule_placement(pp_schedule) == "v":
                 pp_schedule = "ZBVZeroBubble"  # TorchTitan's name for "the loss is on rank 0"

@@ -18,10 +18,18 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.distributed._mesh_layout import _MeshLayout
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining.schedules import _PipelineSchedule
+from torchtitan.components.loss import LossFunction
+from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig
 from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part, _pipeline_module_split
+from torchtitan.models.common import Decoder
 from torchtitan.models.llama3 import model_registry
-from torchtitan.protocols.model_spec import ModelSpec
+from torchtitan.protocols.model import BaseModel
+from torchtitan.protocols.model_spec import ModelSpec, ParallelizeFunction
 from torchtitan.tools.logging import logger
 
 from titan_morph.integration import common
@@ -30,7 +38,7 @@ from titan_morph.integration.titan03.jobconfig import MODEL_NAME, active_setting
 __all__ = ["MODEL_NAME", "morph_model_spec", "pipeline_stages", "scalar_loss", "stages_per_rank"]
 
 
-def scalar_loss(loss_fn: Callable[..., Any] | None) -> Callable[..., torch.Tensor] | None:
+def scalar_loss(loss_fn: LossFunction | None) -> Callable[..., torch.Tensor] | None:
     """0.3.0's loss returns ``(loss, aux)``; pipeline schedules take the bare scalar."""
     if loss_fn is None:
         return None
@@ -42,15 +50,15 @@ def scalar_loss(loss_fn: Callable[..., Any] | None) -> Callable[..., torch.Tenso
     return loss
 
 
-def stages_per_rank(parallelism: Any, placement: str, pp: int, num_layers: int) -> int:
+def stages_per_rank(parallelism: ParallelismConfig, placement: str, pp: int, num_layers: int) -> int:
     """Stages per PP rank, as TorchTitan's ``pipeline_llm`` decides (:func:`..common.stages_per_rank`)."""
     return common.stages_per_rank(parallelism, placement, pp, num_layers, "parallelism.")
 
 
-def _mesh_callback(parallel_dims: Any) -> Callable[..., Any]:
+def _mesh_callback(parallel_dims: ParallelDims) -> Callable[..., DeviceMesh | None]:
     """The stages' ``get_mesh``: the SPMD mesh of the named dimensions (None when its layout differs)."""
 
-    def get_mesh(names: tuple[str, ...], layout: Any) -> Any:
+    def get_mesh(names: tuple[str, ...], layout: _MeshLayout | None) -> DeviceMesh | None:
         mesh = parallel_dims.get_mesh(list(names))
         return None if layout is not None and mesh._layout != layout else mesh
 
@@ -60,16 +68,16 @@ def _mesh_callback(parallel_dims: Any) -> Callable[..., Any]:
 def pipeline_stages(
     model: nn.Module,
     *,
-    parallel_dims: Any,
-    training: Any,
-    parallelism: Any,
-    compile_config: Any,
-    ac_config: Any,
+    parallel_dims: ParallelDims,
+    training: TrainingConfig,
+    parallelism: ParallelismConfig,
+    compile_config: CompileConfig,
+    ac_config: ActivationCheckpointingConfig | None,
     dump_folder: str,
     device: torch.device,
-    model_config: Any,
-    parallelize_fn: Callable[..., nn.Module],
-    loss_fn: Callable[..., Any],
+    model_config: Decoder.Config,
+    parallelize_fn: ParallelizeFunction,
+    loss_fn: LossFunction,
 ) -> tuple[_PipelineSchedule, list[nn.Module], bool, bool]:
     """TorchTitan 0.3.0 ``pipelining_fn``: split into this rank's stage(s), then build the schedule."""
     return common.pipeline(
@@ -97,7 +105,7 @@ def pipeline_stages(
     )
 
 
-def morph_model_spec(flavor: str = "debugmodel", model: Any = None) -> ModelSpec:
+def morph_model_spec(flavor: str = "debugmodel", model: BaseModel.Config | None = None) -> ModelSpec:
     """TorchTitan's llama3 ``ModelSpec`` of ``flavor`` (``model``: another model config, e.g. the
     synthetic one) with titan_morph's pipelining. Flex attention, 0.3.0's default, also runs on CPU."""
     llama3 = model_registry(flavor)

@@ -9,8 +9,6 @@ parts (``_build_llama3_layers`` is the one private helper used: it holds llama3'
 
 from __future__ import annotations
 
-from typing import Any
-
 from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm, compute_ffn_hidden_dim
 from torchtitan.models.llama3 import Llama3Model, _build_llama3_layers
 
@@ -21,7 +19,7 @@ HEAD_DIM = 16
 VOCAB = 2048
 
 
-def synthetic_model(hidden: int, n_layers: int, max_seq_len: int = 4096) -> Any:
+def synthetic_model(hidden: int, n_layers: int, max_seq_len: int = 4096) -> Llama3Model.Config:
     """A llama3 model config ``hidden`` wide with ``n_layers`` layers (vocabulary of the bundled tokenizer)."""
     n_heads = max(1, hidden // HEAD_DIM)
     return Llama3Model.Config(

@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from titan_morph.integration.titan03.cpu import adapt, adapt_attention
 
@@ -32,14 +32,18 @@ adapt()  # before torchtitan loads (no-op with CUDA)
 from torchtitan.tools.logging import logger  # noqa: E402
 from torchtitan.trainer import Trainer  # noqa: E402
 
+from titan_morph.config import Settings  # noqa: E402
 from titan_morph.config.schema import Morph  # noqa: E402
 from titan_morph.integration.common import RUN_ID_PLACEHOLDER, MorphTrainerMethods, run_id  # noqa: E402
 from titan_morph.integration.titan03.jobconfig import activate, settings_of  # noqa: E402
 
+if TYPE_CHECKING:  # the model configs load with the synthetic flavor only
+    from torchtitan.models.llama3 import Llama3Model
+
 __all__ = ["MorphTrainer", "run_id"]
 
 
-def _synthetic_model(settings: Any) -> Any:
+def _synthetic_model(settings: Settings) -> Llama3Model.Config:
     """The ``synthetic`` flavor's model config: width from ``morph.synthetic.hidden``, one layer per stage."""
     from titan_morph.integration.titan03.synthetic import synthetic_model
 
@@ -77,12 +81,12 @@ class MorphTrainer(MorphTrainerMethods, Trainer):  # type: ignore[misc]
             _write_run_info(config)
 
     @property
-    def job_config(self) -> Any:
+    def job_config(self) -> Trainer.Config:
         """The config under 0.2.2's name, read by the release-independent DP x PP code (:mod:`..hybrid`)."""
         return self.config
 
 
-def _write_run_info(config: Any) -> None:
+def _write_run_info(config: Trainer.Config) -> None:
     """How the run was started, next to TorchTitan's resolved config."""
     import torch
     import torchtitan
