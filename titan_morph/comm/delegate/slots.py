@@ -28,6 +28,13 @@ from titan_morph.comm.waits import poll_until
 __all__ = ["Completion", "DeferredReleases", "Placed", "RecvHandle", "SendHandle", "SlotPath"]
 
 
+def _locate(error: BaseException, where: str) -> None:
+    """Prefix ``error``'s message with ``where`` (rank, link, message, slot) before it is re-raised
+    as it is: its type is kept, so a caller still catches what torch raised (a meta tensor's
+    ``NotImplementedError``, a ``torch.OutOfMemoryError``), and its traceback still ends in torch."""
+    error.args = (f"{where}: {error.args[0]}" if error.args else where, *error.args[1:])
+
+
 class Completion(Protocol):
     """A device event as the releases poll it (``torch.cuda.Event``)."""
 
@@ -178,10 +185,12 @@ class SlotPath:
             try:
                 event = self._cuda_pack(seg, slot, tensors, offsets, local + 1)  # FILLED: stream-ordered, last
             except RuntimeError as e:  # torch's CUDA errors say neither rank nor link
-                raise RuntimeError(
-                    f"{self.clock.where()}: {dg.describe()}: device→host copy of message {rec.seq} into slot "
-                    f"{slot} of {seg.name} failed: {e}"
-                ) from e
+                _locate(
+                    e,
+                    f"{self.clock.where()}: {dg.describe()}: device→host copy of message {rec.seq} into slot {slot} of "
+                    f"{seg.name} failed",
+                )
+                raise
             self._track_copy(event)
         else:
             pack(seg.slot(slot), tensors, offsets)
@@ -236,10 +245,12 @@ class SlotPath:
                 self._cuda_unpack(seg, slot, tensors, offsets, value)
             except RuntimeError as e:  # torch's CUDA errors say neither rank nor link
                 rec.status = "error"
-                raise RuntimeError(
+                _locate(
+                    e,
                     f"{clock.where()}: {dg.describe()}: host→device copy of message {rec.seq} from slot {slot} of "
-                    f"{seg.name} failed: {e}"
-                ) from e
+                    f"{seg.name} failed",
+                )
+                raise
         else:
             unpack(seg.slot(slot), tensors, offsets)
             seg.set_flag(slot, CONSUMED, value)
