@@ -217,16 +217,39 @@ def test_nccl_pair_groups_time_out_after_titan_morph_and_only_clean_up(monkeypat
             seen["set"] = td.total_seconds()
 
     monkeypatch.setattr(dist, "ProcessGroupNCCL", FakeNCCL, raising=False)
+    monkeypatch.setattr(pairs, "_env_applied", False)
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
     monkeypatch.delenv("TORCH_NCCL_BLOCKING_WAIT", raising=False)
     pg = pairs._nccl_group(dist.HashStore(), 0, 100.0, torch.device("meta"))
     assert seen["env"] == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "TORCH_NCCL_BLOCKING_WAIT": "0"}
     assert seen["timeout"] > 100.0 + 30 and seen["device"] == torch.device("meta")
-    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and "TORCH_NCCL_BLOCKING_WAIT" not in os.environ
     group = PairGroup.__new__(PairGroup)
     group.pg, group.backend = pg, "nccl"
     group.set_timeout(10.0)
     assert seen["set"] > 10.0 + 30
+
+
+def test_the_pair_env_is_written_once_by_the_builder_never_while_threads_make_groups(monkeypatch) -> None:
+    """ProcessGroupNCCL reads its error handling from the environment only; writing the environment
+    while another thread reads it is unsafe. The builder's thread writes it once and for good; groups
+    made later (a prober thread's) find it set and write nothing."""
+    writes: list[tuple[str, str]] = []
+
+    class Environ(dict):
+        def __setitem__(self, key, value) -> None:
+            writes.append((key, value))
+            super().__setitem__(key, value)
+
+    environ = Environ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"})
+    monkeypatch.setattr(pairs.os, "environ", environ)
+    monkeypatch.setattr(pairs, "_env_applied", False)
+    fabric = Fabric()
+    LinkGroups(stage=0, num_stages=2, namespace="t", backend="nccl", make_group=lambda *a: FakePair(fabric, *a[:3]))
+    assert writes == [("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2"), ("TORCH_NCCL_BLOCKING_WAIT", "0")]
+    made = threading.Thread(target=pairs.apply_pair_env)
+    made.start()
+    made.join(5)
+    assert len(writes) == 2 and dict(environ) == pairs.NCCL_PAIR_ENV  # kept: later groups read the same
 
 
 def test_torch_handles_on_nccl_poll_and_never_hand_nccl_a_timeout() -> None:

@@ -26,14 +26,13 @@ first; probes exchange tensors on the group's device, from a thread on the rank'
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -71,27 +70,36 @@ def nccl_timeout_s(bound_s: float) -> float:
     return 2.0 * bound_s + 60.0
 
 
-@contextlib.contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in ``os.environ`` while a group is made (under ``_create_lock``), then restored."""
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
+_env_lock = threading.Lock()
+_env_applied = False
+
+
+def apply_pair_env() -> None:
+    """Put :data:`NCCL_PAIR_ENV` into this process's environment, once, for good.
+
+    ProcessGroupNCCL reads these variables only from the environment, when a group is made, and
+    writing the environment is unsafe while another thread may read it (a C ``getenv`` racing
+    ``setenv``; a delegate started meanwhile would inherit a half-changed one). So it is written once,
+    by :class:`LinkGroups` on the thread that builds the transport, before titan_morph starts any
+    thread of its own, and never restored: the probes that make groups later, from their own
+    threads, find it set. Groups made before (TorchTitan's world group) keep what they read; NCCL
+    groups made after it in this process clean up only on failure, as the pair groups must."""
+    global _env_applied
+    with _env_lock:
+        if _env_applied:
+            return
+        for key, value in NCCL_PAIR_ENV.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+        _env_applied = True
 
 
 def _nccl_group(store: Store, index: int, timeout_s: float, device: torch.device | None) -> Any:
     """A 2-rank ProcessGroupNCCL whose watchdog lets titan_morph's own bound act first."""
     opts = dist.ProcessGroupNCCL.Options()
     opts._timeout = timedelta(seconds=nccl_timeout_s(timeout_s))
-    with _environ(NCCL_PAIR_ENV):
-        pg = dist.ProcessGroupNCCL(store, index, 2, opts)
+    apply_pair_env()  # set already by LinkGroups (a no-op here); for a group made on its own
+    pg = dist.ProcessGroupNCCL(store, index, 2, opts)
     if device is not None:
         pg.eager_connect_single_device(device)
     return pg
@@ -275,6 +283,8 @@ class LinkGroups:
     ) -> None:
         if interface and backend == "gloo":
             check_interface(interface, "[morph] data_ifname")
+        if backend == "nccl":
+            apply_pair_env()  # here, before this transport's threads (and the probes' groups) exist
         self.interface = interface if backend == "gloo" else ""
         self.stage, self.num_stages = stage, num_stages
         self.namespace = f"{STORE_PREFIX}/{namespace}"
