@@ -33,6 +33,7 @@ from titan_morph.comm.clock import CommonClock, sync_clock
 from titan_morph.comm.transport import TorchTransport, Transport
 from titan_morph.config import MorphSettings, Settings
 from titan_morph.config.links import break_window, configured_message_bytes, link_model, plan_transmit
+from titan_morph.integration.cpu import shared_gpu
 from titan_morph.integration.hybrid import HybridParallelDims, known_link_delays, make_exchange, pipeline_hosts
 from titan_morph.monitor.adapt import AdaptPolicy, Monitor
 from titan_morph.monitor.replan import adapted_plan, search_iterations
@@ -247,6 +248,10 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
     per link to the delegates when a link is slow or its default path fails (and back when probes
     succeed again), and back from the delegates when one of them dies (§5.3).
 
+    Ranks sharing a GPU (:func:`~titan_morph.integration.cpu.shared_gpu`: Gloo, without point-to-point
+    of device memory): the delegated path carries every link, ``auto``'s delegate side; ``default``
+    moves its bytes over it, under the link emulator (and its blocking queue) when injecting.
+
     Every wait is bounded by TorchTitan's ``[comm]`` timeouts (start-up, then training).
     """
     settings = req.settings
@@ -259,11 +264,12 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
     where: _Where = {"stage": stage.group_rank, "num_stages": ranks, "group": stage.group}
     from titan_morph.comm.delegate.transport import DelegateTransport  # spawns processes: loaded only when used
 
-    def delegates(strict: bool) -> DelegateTransport:
-        """The delegated path (§5); ``strict``: a failed delegate stops the job (no failover behind)."""
+    def delegates(strict: bool, delays: LinkModel | None = links) -> DelegateTransport:
+        """The delegated path (§5); ``strict``: a failed delegate stops the job (no failover behind);
+        ``delays``: the link model its delegates apply (None: the emulator above applies it)."""
         return DelegateTransport(
             **where,
-            links=links,
+            links=delays,
             delegates_per_link=morph.delegates_per_link,
             epoch=clock.epoch,
             timeouts=timeouts,
@@ -272,6 +278,8 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
             host_interfaces=morph.host_interfaces,
         )
 
+    if shared_gpu() is not None and morph.transport != "delegate":
+        return _shared_gpu_transport(req, clock, where, delegates)
     if morph.transport == "delegate":  # all PP traffic via delegates; they apply the injected delays
         return delegates(strict=True)
     primary: Transport = TorchTransport(clock.epoch)
@@ -320,6 +328,25 @@ def _transport(req: ScheduleRequest, clock: CommonClock, *, monitored: bool = Fa
         pairs=pairs,
         timeouts=timeouts,
         recover_probes=morph.recover_consecutive,
+    )
+
+
+def _shared_gpu_transport(
+    req: ScheduleRequest, clock: CommonClock, where: _Where, delegates: Callable[..., Transport]
+) -> Transport:
+    """The data plane of ranks that share a GPU (see :func:`_transport`), logged once per rank."""
+    morph, links, transport = req.settings.morph, req.links(), req.settings.morph.transport
+    emulated = transport == "default" and links is not None
+    how = "on its delegate side" if transport == "auto" else "over the delegated path"
+    extra = f", under the link emulator (link_queue_depth {morph.link_queue_depth})" if emulated else ""
+    logger.warning(f"titan_morph: ranks share a GPU: transport {transport!r} runs every link {how}{extra}")
+    if not emulated or links is None:
+        return delegates(strict=True)
+    from titan_morph.comm.emulator.transport import EmulatedTransport
+
+    wire = delegates(strict=True, delays=None)
+    return EmulatedTransport(
+        wire, links, **where, depth=morph.link_queue_depth, epoch=clock.epoch, timeouts=req.settings.timeouts
     )
 
 
@@ -436,17 +463,19 @@ def torch_builder(cls: type[_PipelineSchedule]) -> Callable[[ScheduleRequest], _
             scale_grads=False,
         )
         morph = req.settings.morph
-        if not morph.routed:
+        shared = shared_gpu() is not None  # Gloo carries no device memory: the transport must
+        if not (morph.routed or shared):
             return schedule
         hop = _non_adjacent_hop(req, schedule)
         if hop is not None:
-            if morph.inject.mode == "none" and morph.transport == "auto":
+            if morph.inject.mode == "none" and morph.transport == "auto" and not shared:
                 # auto only fails over links between adjacent ranks; torch's own P2P carries the rest
                 logger.warning("titan_morph: %s; transport auto: torch's P2P carries this schedule", hop)
                 return schedule
             raise ValueError(
                 f"[parallelism] pipeline_parallel_schedule = {req.name!r}: {hop}: the [morph.inject] link emulator"
-                " and the delegated transport cannot carry it; with [morph.inject] or transport = 'delegate' use"
+                " and the delegated transport (which carries every link where ranks share a GPU) cannot carry it;"
+                " with [morph.inject], transport = 'delegate' or ranks sharing a GPU use"
                 " pipeline_parallel_degree = 2, a V schedule (ZBVZeroBubble, DualPipeV, PipeMorphV) or a"
                 " one-stage-per-rank schedule"
             )

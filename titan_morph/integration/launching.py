@@ -42,14 +42,22 @@ def loss_rank(settings: Settings, ranks: int) -> int:
     return ranks - 1
 
 
-def check_devices(ranks: int, cuda_devices: int) -> None:
-    """One rank per GPU: with CUDA present, ``ranks`` beyond ``cuda_devices`` is one error line (NCCL
-    refuses two ranks on one device). Without CUDA (``cuda_devices == 0``) ranks run on CPU."""
-    if cuda_devices and ranks > cuda_devices:
+def check_devices(ranks: int, cuda_devices: int, settings: Settings | None = None) -> None:
+    """More ranks than GPUs on a node: the ranks share the GPUs (:mod:`.cpu`: Gloo, the delegated
+    pipeline), which holds for pipeline parallelism alone; a job that also shards, replicates or
+    splits tensors across those ranks is one error line. Without CUDA (``cuda_devices == 0``) ranks
+    run on CPU."""
+    from titan_morph.integration.cpu import ranks_share_gpus
+
+    if settings is None or not ranks_share_gpus(ranks, cuda_devices):
+        return
+    if settings.world_size != settings.stages:
+        others = {k: v for k, v in settings.job.degrees.items() if k != "pipeline_parallel_degree" and v != 1}
+        named = ", ".join(f"{k} {v}" for k, v in others.items()) or f"a world of {settings.world_size} ranks"
         raise ConfigError(
-            f"NGPU: {ranks} ranks but this host has {cuda_devices} CUDA device(s); titan_morph runs one rank per "
-            f"GPU: set NGPU <= {cuda_devices} (and a smaller pipeline_parallel_degree), or train on CPU with "
-            'CUDA_VISIBLE_DEVICES=""'
+            f"NGPU: {ranks} ranks on {cuda_devices} CUDA device(s): ranks share a GPU only for pipeline parallelism "
+            f"(Gloo and the delegated transport), not {named}: set NGPU <= {cuda_devices} with one GPU per rank, "
+            "or use pipeline_parallel_degree alone"
         )
 
 
@@ -72,7 +80,7 @@ def checked_ranks(
     n = nodes.ranks_per_node(world)
     import torch
 
-    check_devices(n, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    check_devices(n, torch.cuda.device_count() if torch.cuda.is_available() else 0, settings)
     check_shm()
     check_interfaces(settings.morph)
     nodes.check_job(settings)
