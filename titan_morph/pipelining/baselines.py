@@ -40,10 +40,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from titan_morph.pipelining.generate import PAIR_W, REFILL, check_warmup, generate
+from titan_morph.pipelining.generate import PAIR_W, REFILL, check_warmup, generate_codes, orders_of
 from titan_morph.pipelining.links import LinkModel
 from titan_morph.pipelining.model import CostModel, Op, Order, Plan, in_flight_peak, warmup_counts
 from titan_morph.pipelining.slackness import adapted_warmup, initial_warmup
+
+Code = tuple[int, int]
+"""An op as ``(kind + 4 * chunk, microbatch)``: :func:`generate.run_generator`'s orders."""
 
 __all__ = [
     "SCHEDULES",
@@ -52,6 +55,8 @@ __all__ = [
     "schedule_key",
     "warmup_for",
     "split_fused",
+    "split_codes",
+    "plain_codes",
     "check_placement",
     "zbv_memory",
 ]
@@ -126,7 +131,7 @@ def _check_memory(schedule: str, model: CostModel, need: Sequence[int]) -> None:
             )
 
 
-def _zbv_plan(model: CostModel) -> Plan:
+def _zbv_codes(model: CostModel) -> list[list[Code]]:
     """ZB-V by the generator (module docstring), planned for no delay as torch's static order is;
     below 2R − 1 microbatches, planned for 2R − 1 and the missing microbatches' ops dropped, as
     torch does."""
@@ -134,17 +139,14 @@ def _zbv_plan(model: CostModel) -> Plan:
     full = max(n, 2 * r_count - 1)
     big = replace(model, microbatches=full, memory=None, delays=(0.0,) * model.num_links)
     x = tuple(max(1, 2 * r_count - 1 - s) for s in range(model.stages))
-    orders = generate(big, x, limit=(2 * r_count,) * r_count, policy=REFILL | PAIR_W)
-    orders = tuple(tuple(op for op in order if op.mb < n) for order in orders)
-    _check_memory("zb-v", model, [in_flight_peak(o) for o in orders])
-    return Plan("zb-v", warmup_counts(model, orders), orders, model)
+    codes = generate_codes(big, x, limit=(2 * r_count,) * r_count, policy=REFILL | PAIR_W)
+    return [[op for op in order if op[1] < n] for order in codes]
 
 
 def zbv_memory(model: CostModel) -> tuple[int, ...]:
     """Microbatches ZB-V holds in flight per rank on ``model`` (its peak): pipemorph-v's default
     budget, so that the two are compared on the same memory."""
-    plan = _zbv_plan(replace(model, memory=None))
-    return tuple(in_flight_peak(o) for o in plan.orders)
+    return tuple(in_flight_peak(o) for o in orders_of(model, _zbv_codes(model)))
 
 
 def warmup_for(schedule: str, model: CostModel) -> tuple[int, ...]:
@@ -187,10 +189,15 @@ def split_fused(orders: Sequence[Sequence[Op]]) -> tuple[Order, ...]:
     return tuple(out)
 
 
-def _gpipe(model: CostModel) -> tuple[Order, ...]:
-    n = model.microbatches
-    order = tuple(Op("F", m) for m in range(n)) + tuple(Op("B", m) for m in range(n))
-    return (order,) * model.stages
+def split_codes(codes: Sequence[Sequence[Code]]) -> list[list[Code]]:
+    """:func:`split_fused` on generator codes: every fused ``B`` (kind 1) becomes ``I``, ``W``."""
+    out = []
+    for order in codes:
+        row: list[Code] = []
+        for c, m in order:
+            row += [(c, m), (c + 1, m)] if c % 4 == 1 else [(c, m)]
+        out.append(row)
+    return out
 
 
 def build_plain(
@@ -209,6 +216,24 @@ def build_plain(
     ahead in the steady phase (:mod:`generate`; default False = the paper's I > F > W).
     """
     name = check_placement(schedule, model)
+    x, codes, fused = plain_codes(name, model, delta=delta, links=links, warmup=warmup, refill=refill)
+    orders = orders_of(model, codes, fused)
+    return Plan(name, warmup_counts(model, orders) if x is None else x, orders, model)
+
+
+def plain_codes(
+    schedule: str,
+    model: CostModel,
+    *,
+    delta: float | None = None,
+    links: LinkModel | None = None,
+    warmup: Sequence[int] | None = None,
+    refill: bool = False,
+) -> tuple[tuple[int, ...] | None, list[list[Code]], bool]:
+    """:func:`build_plain`'s schedule before any :class:`model.Op` is made (the search seeds itself
+    with these): x_i (None where the plan reads them off its orders: ZB-V, DualPipeV), the orders as
+    :func:`generate.run_generator` codes, and whether their kind 1 is a fused ``B``. Same checks."""
+    name = check_placement(schedule, model)
     if warmup is not None and name not in ("pipemorph", "pipemorph-v"):
         raise ValueError(f"warmup= overrides only 'pipemorph' and 'pipemorph-v'; {schedule!r} defines its own x_i")
     if name in ("zb-v", "dualpipe-v") and (delta is not None or links is not None or refill):
@@ -216,7 +241,9 @@ def build_plain(
             f"schedule {name!r} is static (torch's order, planned for no delay): delta, links and refill do not apply"
         )
     if name == "zb-v":
-        return _zbv_plan(model)
+        codes = _zbv_codes(model)
+        _check_memory("zb-v", model, [in_flight_peak(o) for o in orders_of(model, codes)])
+        return None, codes, False
     plan_model = model
     if links is not None and not any(c > 0 for c in model.delays):
         plan_model = model.with_delays(links.snapshot())  # plan (Alg. 2) against what the links show
@@ -230,17 +257,14 @@ def build_plain(
         limit = (model.stages + 1,) * model.ranks  # DualPipeV's 2R + 1 microbatches in flight
         _check_memory(name, model, limit)
         static = replace(model, memory=None, delays=(0.0,) * model.num_links)
-        orders = generate(static, x, limit=limit, policy=REFILL)
-        return Plan(name, warmup_counts(model, orders), orders, model)
+        return None, generate_codes(static, x, limit=limit, policy=REFILL), False
     _check_memory(name, model, [sum(x[s] for s in model.rank_stages(r)) for r in range(model.ranks)])
     if name == "gpipe":
-        return Plan(name, x, _gpipe(model), model)
+        n = model.microbatches
+        return x, [[(0, m) for m in range(n)] + [(1, m) for m in range(n)] for _ in range(model.ranks)], True
     x = check_warmup(model, x)
     if name in ("1f1b", "1f1b-iw"):
-        orders = generate(model, x, split_backward=False, delta=delta, links=links, refill=refill)
-        if name == "1f1b-iw":
-            orders = split_fused(orders)
-    else:
-        refill = refill or name == "pipemorph-v"
-        orders = generate(model, x, delta=delta, links=links, refill=refill)
-    return Plan(name, x, orders, model)
+        codes = generate_codes(model, x, split_backward=False, delta=delta, links=links, refill=refill)
+        return (x, split_codes(codes), False) if name == "1f1b-iw" else (x, codes, True)
+    refill = refill or name == "pipemorph-v"
+    return x, generate_codes(model, x, delta=delta, links=links, refill=refill), False

@@ -63,11 +63,14 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from titan_morph.pipelining.layout import layout, wires
 from titan_morph.pipelining.links import LinkDownError, LinkModel, LinkQueue
 from titan_morph.pipelining.model import CostModel, Op, Order
 
 __all__ = [
     "generate",
+    "generate_codes",
+    "orders_of",
     "run_generator",
     "check_warmup",
     "check_limit",
@@ -83,6 +86,8 @@ __all__ = [
 _F, _I, _W = 0, 1, 2  # op kinds (as in simulate.time_codes); _I also stands for a fused B
 _CHUNK = 4  # a code is kind + _CHUNK * chunk (the rank's k-th stage), as in simulate.time_codes
 _ARRIVE_F, _ARRIVE_I = 3, 4  # event codes: an input arrives from a neighbour
+_SENT_F, _SENT_I = 5, 6  # an F (I) ends and its output arrives at that instant (a hop without delay)
+_PHASE_KIND = (_F, _F, _I, _F, _W)  # the op kind of each decision phase (warm-up F, refill F, I, F, W)
 
 WAIT_W = 1
 """Policy bit: a ``W`` does not start if an ``I``'s gradient arrives before the ``W`` would end."""
@@ -176,6 +181,20 @@ def generate(
     quantises decision times; delays come from ``model.delays`` unless ``links`` is given (looked
     up at ``t0 + t`` and ``step``).
     """
+    codes = generate_codes(model, warmup, limit=limit, policy=policy, refill=refill, **options)
+    return orders_of(model, codes, fused=not options.get("split_backward", True))
+
+
+def generate_codes(
+    model: CostModel,
+    warmup: Sequence[int],
+    *,
+    limit: Sequence[int] | None = None,
+    policy: int | Sequence[int] = 0,
+    refill: bool = False,
+    **options: Any,
+) -> list[list[tuple[int, int]]]:
+    """:func:`generate`'s orders as :func:`run_generator`'s codes (same arguments, same checks)."""
     x = check_warmup(model, warmup)
     lim = check_limit(model, x, limit)
     pol = check_policy(model, policy)
@@ -193,11 +212,16 @@ def generate(
     span, codes = run_generator(model, x, lim, pol, **options)
     if codes is None:  # cannot happen for valid x and limits; kept as a clear internal check
         raise RuntimeError(f"schedule generation stalled with warmup={list(x)} limit={list(lim)} policy={list(pol)}")
-    kinds = ("F", "I" if options.get("split_backward", True) else "B", "W")
+    return codes
+
+
+def orders_of(model: CostModel, codes: Sequence[Sequence[tuple[int, int]]], fused: bool = False) -> tuple[Order, ...]:
+    """:func:`run_generator`'s codes as :class:`model.Op` orders (kind 1 as a fused ``B`` when ``fused``)."""
+    kinds = ("F", "B" if fused else "I", "W")
     n = model.microbatches
+    named = model.stages_per_rank > 1
     out = []
     for r, order in enumerate(codes):
-        named = model.stages_per_rank > 1
         cache = [[Op(kind, m, s if named else None) for m in range(n)] for s in model.rank_stages(r) for kind in kinds]
         out.append(tuple(cache[(c // _CHUNK) * 3 + c % _CHUNK][m] for c, m in order))
     return tuple(out)
@@ -256,7 +280,8 @@ def run_generator(
     """
     s_count, n, r_count = model.stages, model.microbatches, model.ranks
     last = s_count - 1
-    route_f, route_b = model.routes()
+    lay = layout(model)
+    route_f, route_b = lay.route_f, lay.route_b
     wire = [-math.inf] * (2 * model.num_links)
     txf: list[float] = []
     txb: list[float] = []
@@ -266,28 +291,26 @@ def run_generator(
         df = [0.0 if rt is None else model.delays[rt[0]] for rt in route_f]
         db = [0.0 if rt is None else model.delays[rt[0]] for rt in route_b]
         qf = qb = None
-        if model.has_transmit:  # the bandwidth model: one message on each wire at a time, FIFO
-            txf = [0.0 if rt is None else model.transmit[rt[0]] for rt in route_f]
-            txb = [0.0 if rt is None else model.transmit[rt[0]] for rt in route_b]
-            wf = [0 if rt is None else 2 * rt[0] + rt[1] for rt in route_f]
-            wb = [0 if rt is None else 2 * rt[0] + rt[1] for rt in route_b]
+        tx = wires(lay, (model.transmit, model.transmit))  # the bandwidth model: one message per wire at a time
+        if tx is not None:
+            txf, txb, wf, wb = tx
     else:
         df = db = []
         queues = [(LinkQueue(links, k, "fwd"), LinkQueue(links, k, "bwd")) for k in range(model.num_links)]
         qf = [None if rt is None else queues[rt[0]][rt[1]] for rt in route_f]
         qb = [None if rt is None else queues[rt[0]][rt[1]] for rt in route_b]
-    rank_of = [model.rank_of(s) for s in range(s_count)]
-    stages_of = [model.rank_stages(r) for r in range(r_count)]
-    chunk_of = [0] * s_count
-    for r in range(r_count):
-        for k, s in enumerate(stages_of[r]):
-            chunk_of[s] = k * _CHUNK
+    rank_of, stages_of = lay.rank_of, lay.stages_of
+    chunk_of = [k * _CHUNK for k in lay.chunk_of]
+    # Per stage: does its F's (I's) message cross to another rank (only those are announced early)?
+    cross_f = [s < last and rank_of[s + 1] != rank_of[s] for s in range(s_count)]
+    cross_i = [s > 0 and rank_of[s - 1] != rank_of[s] for s in range(s_count)]
     tf, tw = model.fwd, model.wgt
     ti = model.bwd if split_backward else tuple(b + w for b, w in zip(model.bwd, model.wgt))
     ready_f: list[list[int]] = [[] for _ in range(s_count)]
     ready_i: list[list[int]] = [[] for _ in range(s_count)]
     ready_w: list[list[int]] = [[] for _ in range(s_count)]
     ready_f[0] = list(range(n))  # a sorted list is a valid heap
+    ready = (ready_f, ready_i, ready_w)  # by op kind
     # Arrival times of inputs already on their way from another rank (known when the producer
     # starts), per stage.
     coming_i: list[list[float]] = [[] for _ in range(s_count)]
@@ -309,7 +332,8 @@ def run_generator(
     busy = [False] * r_count
     done = [0] * r_count
     orders: list[list[tuple[int, int]]] = [[] for _ in range(r_count)]
-    events: list[tuple[float, int, int, int, int]] = []  # (time, seq, stage, kind or _ARRIVE_*, mb)
+    # (time, seq, stage, kind or _ARRIVE_* or _SENT_*, mb); seq orders events of one instant as issued.
+    events: list[tuple[float, int, int, int, int]] = []
     heappush, heappop = heapq.heappush, heapq.heappop
     seq = 0
     dirty = list(range(r_count))
@@ -323,7 +347,6 @@ def run_generator(
             if busy[r]:
                 continue
             p = policy[r]
-            lim = limit[r]
             code = -1
             paired = pair[r]
             if paired is not None:
@@ -343,7 +366,7 @@ def run_generator(
                     and f_stage[up] > 0
                     and n - f_stage[up] == down_done[r]  # no first-leg microbatch is past the second leg
                 )
-                room = lim - in_flight[r] - warm_rank[r] - held
+                room = limit[r] - in_flight[r] - warm_rank[r] - held
                 mine = stages_of[r]
                 wait = 5  # the earliest phase a stage chose to wait in: nothing of it or later runs
                 for s in mine:
@@ -385,8 +408,9 @@ def run_generator(
                     continue
                 phase, m, s = best
                 s = -s
-                code = _F if phase in (0, 1, 3) else _I if phase == 2 else _W
-                heappop(ready_f[s] if code == _F else ready_i[s] if code == _I else ready_w[s])
+                code = _PHASE_KIND[phase]
+                heappop(ready[code][s])
+            kind = code
             if code == _F:
                 if warm_left[s] > 0:
                     warm_left[s] -= 1
@@ -402,10 +426,13 @@ def run_generator(
                         arrive = (_on_wire(wire, wf[s], end, txf[s]) if txf and txf[s] > 0 else end) + df[s]
                     else:
                         arrive = _queued(qf[s], t0, end, step)
-                    if track and rank_of[s + 1] != r:
+                    if track and cross_f[s]:
                         heappush(coming_f[s + 1], arrive)
                     seq += 1
-                    heappush(events, (arrive, seq, s + 1, _ARRIVE_F, m))
+                    if arrive == end:  # delivered as the op ends: one event for both (same instant, same order)
+                        kind = _SENT_F
+                    else:
+                        heappush(events, (arrive, seq, s + 1, _ARRIVE_F, m))
             elif code == _I:
                 end = now + ti[s]
                 if p & PAIR_W and split_backward and (f_left[r] > 0 or last_f[r]):
@@ -415,18 +442,25 @@ def run_generator(
                         arrive = (_on_wire(wire, wb[s], end, txb[s]) if txb and txb[s] > 0 else end) + db[s]
                     else:
                         arrive = _queued(qb[s], t0, end, step)
-                    if track and rank_of[s - 1] != r:
+                    if track and cross_i[s]:
                         heappush(coming_i[s - 1], arrive)
                     seq += 1
-                    heappush(events, (arrive, seq, s - 1, _ARRIVE_I, m))
+                    if arrive == end:
+                        kind = _SENT_I
+                    else:
+                        heappush(events, (arrive, seq, s - 1, _ARRIVE_I, m))
             else:
                 end = now + tw[s]
             last_f[r] = code == _F
             if record:
                 orders[r].append((code + chunk_of[s], m))
             busy[r] = True
-            seq += 1
-            heappush(events, (end, seq, s, code, m))
+            if kind == code:
+                seq += 1
+                heappush(events, (end, seq, s, code, m))
+            else:  # the arrival's place in the order of events (the op's own end comes right after it)
+                heappush(events, (end, seq, s, kind, m))
+                seq += 1
         dirty.clear()
         if not events:
             break
@@ -439,20 +473,32 @@ def run_generator(
         # Apply every event up to `now` before deciding (ties resolved by priority, not order).
         while events and events[0][0] <= horizon:
             t, _, s, code, m = heappop(events)
+            if code >= _ARRIVE_F:
+                if code == _ARRIVE_F or code == _SENT_F:
+                    at = s + 1 if code == _SENT_F else s
+                    r = rank_of[at]
+                    if not marked[r]:
+                        marked[r] = True
+                        dirty.append(r)
+                    heappush(ready_f[at], m)
+                    if track and cross_f[at - 1]:
+                        heappop(coming_f[at])
+                else:
+                    at = s - 1 if code == _SENT_I else s
+                    r = rank_of[at]
+                    if not marked[r]:
+                        marked[r] = True
+                        dirty.append(r)
+                    heappush(ready_i[at], m)
+                    if track and cross_i[at + 1]:
+                        heappop(coming_i[at])
+                if code < _SENT_F:
+                    continue
+                code = _F if code == _SENT_F else _I
             r = rank_of[s]
             if not marked[r]:
                 marked[r] = True
                 dirty.append(r)
-            if code == _ARRIVE_F:
-                heappush(ready_f[s], m)
-                if track and rank_of[s - 1] != r:
-                    heappop(coming_f[s])
-                continue
-            if code == _ARRIVE_I:
-                heappush(ready_i[s], m)
-                if track and rank_of[s + 1] != r:
-                    heappop(coming_i[s])
-                continue
             busy[r] = False
             done[r] += 1
             end_time = t

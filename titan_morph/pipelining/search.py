@@ -62,7 +62,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .baselines import build_plain, split_fused, warmup_for
+from .baselines import plain_codes, split_codes, warmup_for
 from .generate import REFILL
 from .links import LinkModel
 from .model import CostModel, Op, Plan, validate_orders, warmup_counts
@@ -194,10 +194,10 @@ def _baseline_seeds(objective: Objective) -> list[tuple[str, list[list[Code]]]]:
     names = ("1f1b", "zb-h1", "zb-h2", "gpipe") if model.stages_per_rank == 1 else ("zb-v", "dualpipe-v")
     for name in names:
         try:
-            plan = build_plain(name, model)
+            _, codes, fused = plain_codes(name, model)
         except ValueError:  # the warm-up needs more than the memory budget
             continue
-        out.append((name, to_codes(split_fused(plan.orders), model)))
+        out.append((name, split_codes(codes) if fused else codes))
     return out
 
 

@@ -107,13 +107,21 @@ class Objective:
         k = len(self.static)
         return total / k, second / k
 
-    def scored_timeline(self, codes: Sequence[Sequence[Code]], which: int) -> tuple[tuple[float, float], Timeline]:
+    def scored_timeline(
+        self, codes: Sequence[Sequence[Code]], which: int, resume: tuple[Timeline, int, int] | None = None
+    ) -> tuple[tuple[float, float], Timeline]:
         """(score, secondary) and the detailed timeline under scenario ``which`` (cycled): one
-        evaluation."""
+        evaluation. ``resume``: the timeline of these orders before a move on one rank
+        (:func:`simulate.time_codes`), used with a single scenario."""
         self.evaluations += 1
         if self.static is None:
             tl = time_codes(self.model, codes, links=self.links, depth=self.depth, detail=True)
             return (tl.makespan, finish_sum(tl)), tl
+        if len(self.static) == 1:
+            tl = time_codes(
+                self.model, codes, delays=self.static[0], transmit=self.transmit, detail=True, resume=resume
+            )
+            return (tl.makespan, finish_sum(tl)) if tl.stuck is None else (math.inf, math.inf), tl
         pick = which % len(self.static)
         total = second = 0.0
         chosen: Timeline | None = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator, Sequence
+from typing import TypeVar
 
 from .model import CostModel
 from .search_score import EPS, RNG_SEED, SearchState, Topology, better
@@ -22,15 +23,20 @@ from .simulate import CHUNK, OP_F, OP_I, OP_W, Code, Timeline
 __all__ = [
     "stage_ok",
     "critical_blocks",
+    "positions",
     "move",
     "perturb",
     "durations_of",
     "tails",
+    "tail_state",
+    "TailState",
     "insertion_ok",
     "estimate",
     "block_insertions",
     "tabu_worker",
 ]
+
+_T = TypeVar("_T")
 
 
 def stage_ok(order: Sequence[Code], cap: int) -> bool:
@@ -55,14 +61,18 @@ def stage_ok(order: Sequence[Code], cap: int) -> bool:
     return True
 
 
-def critical_blocks(codes: Sequence[Sequence[Code]], tl: Timeline, topo: Topology) -> list[tuple[int, int, int]]:
+def critical_blocks(
+    codes: Sequence[Sequence[Code]], tl: Timeline, topo: Topology, index: Sequence[dict[Code, int]] | None = None
+) -> list[tuple[int, int, int]]:
     """Blocks (rank, first, last position) of back-to-back ops on one critical path (job-shop
     style): only reordering inside such a block can shorten that path. An op that did not start
     right after its rank's previous op (and its send) started when its input arrived, so the
-    path continues at the op that produced the input."""
+    path continues at the op that produced the input. ``index``: per rank, each op's position
+    (:func:`positions`; built here when not given)."""
     assert tl.blocked is not None
     last = topo.last
-    index: list[dict[Code, int]] = [{op: p for p, op in enumerate(o)} for o in codes]
+    if index is None:
+        index = positions(codes)
     r, p = max(((r, len(o) - 1) for r, o in enumerate(codes) if o), key=lambda rp: tl.end[rp[0]][rp[1]])
     blocks: list[tuple[int, int, int]] = []
     block_end = p
@@ -91,7 +101,12 @@ def critical_blocks(codes: Sequence[Sequence[Code]], tl: Timeline, topo: Topolog
     return blocks
 
 
-def move(order: Sequence[Code], i: int, j: int) -> list[Code]:
+def positions(codes: Sequence[Sequence[Code]]) -> list[dict[Code, int]]:
+    """Per rank, the position of each op in its order."""
+    return [{op: p for p, op in enumerate(o)} for o in codes]
+
+
+def move(order: Sequence[_T], i: int, j: int) -> list[_T]:
     """``order`` with its op at ``i`` moved to position ``j``."""
     out = list(order)
     op = out.pop(i)
@@ -129,6 +144,11 @@ def durations_of(model: CostModel, codes: Sequence[Sequence[Code]]) -> list[list
     return out
 
 
+TailState = tuple[list[list[float]], list[list[float]], list[list[float]], list[list[float]]]
+"""What :func:`tail_state` returns: per rank and position q and qj, and per stage and microbatch
+the q of its F and of its I (the message successors' tails)."""
+
+
 def tails(
     codes: Sequence[Sequence[Code]],
     dur: Sequence[Sequence[float]],
@@ -141,16 +161,52 @@ def tails(
     for W and at the ends of the pipeline). Static non-blocking delays. The mirror image of
     :func:`simulate.time_codes`: each rank's order is walked backwards, waiting where a message
     successor's q is not known yet."""
+    q, qj, _, _ = tail_state(codes, dur, delays, microbatches, topo)
+    return q, qj
+
+
+def tail_state(
+    codes: Sequence[Sequence[Code]],
+    dur: Sequence[Sequence[float]],
+    delays: tuple[Sequence[float], Sequence[float]],
+    microbatches: int,
+    topo: Topology,
+    resume: tuple[TailState, int, int, int] | None = None,
+) -> TailState:
+    """:func:`tails` with the per-stage tables, and ``resume = (state, rank, lo, hi)``: ``state``
+    of the same orders and delays except ``rank``'s ops at lo..hi (reordered among themselves).
+    An op whose tail, less its own duration, is shorter than the op at hi + 1's cannot reach a
+    moved op, so its q stays; only the others are walked again (the same result as a full walk)."""
     df, db = topo.hop_delays(delays)
     S = len(topo.rank)
     last = S - 1
-    q = [[0.0] * len(o) for o in codes]
-    qj = [[0.0] * len(o) for o in codes]
-    q_f = [[-1.0] * microbatches for _ in range(S)]
-    q_i = [[-1.0] * microbatches for _ in range(S)]
+    pos = [len(o) - 1 for o in codes]
+    if resume is not None:
+        (q, qj, q_f, q_i), moved, lo, hi = resume
+        cut = q[moved][hi + 1] if hi + 1 < len(q[moved]) else 0.0
+        walk = [_walk_from(q_r, qj_r, cut) for q_r, qj_r in zip(q, qj)]
+        walk[moved] = max(walk[moved], hi)
+        if 3 * sum(walk) > 2 * sum(pos):  # less than a third kept: a full walk is cheaper
+            resume = None
+    if resume is None:
+        q = [[0.0] * len(o) for o in codes]
+        qj = [[0.0] * len(o) for o in codes]
+        q_f = [[-1.0] * microbatches for _ in range(S)]
+        q_i = [[-1.0] * microbatches for _ in range(S)]
+    else:
+        q, qj = [row[:] for row in q], [row[:] for row in qj]
+        q_f, q_i = [row[:] for row in q_f], [row[:] for row in q_i]
+        pos = walk
+        for own, order, p in zip(topo.stages, codes, pos):  # forget the message tails of the ops walked again
+            for c, m in order[: p + 1]:
+                kind = c % CHUNK
+                if kind == OP_F:
+                    q_f[own[c // CHUNK]][m] = -1.0
+                elif kind == OP_I:
+                    q_i[own[c // CHUNK]][m] = -1.0
     wait_f = [-1] * S
     wait_i = [-1] * S
-    pos = [len(o) - 1 for o in codes]
+    rank_of = topo.rank
     stack = list(range(len(codes)))
     while stack:
         rank = stack.pop()
@@ -159,8 +215,9 @@ def tails(
         nxt = qs[p + 1] if p + 1 < len(order) else 0.0
         while p >= 0:
             c, m = order[p]
-            kind, s = c % CHUNK, own[c // CHUNK]
-            if kind == OP_F:
+            kind = c & 3  # c % CHUNK: OP_F = 0, OP_I = 1
+            s = own[c >> 2]
+            if kind == 0:
                 if s < last:
                     r = q_f[s + 1][m]
                     if r < 0:
@@ -169,7 +226,7 @@ def tails(
                     j = df[s] + r
                 else:
                     j = 0.0
-            elif kind == OP_I and s > 0:
+            elif kind == 1 and s > 0:
                 r = q_i[s - 1][m]
                 if r < 0:
                     wait_i[s] = m
@@ -180,19 +237,34 @@ def tails(
             nxt = d[p] + (j if j > nxt else nxt)
             qs[p] = nxt
             qjs[p] = j
-            if kind == OP_F:
+            if kind == 0:
                 q_f[s][m] = nxt
                 if s > 0 and wait_f[s - 1] == m:
                     wait_f[s - 1] = -1
-                    stack.append(topo.rank[s - 1])
-            elif kind == OP_I:
+                    stack.append(rank_of[s - 1])
+            elif kind == 1:
                 q_i[s][m] = nxt
                 if s < last and wait_i[s + 1] == m:
                     wait_i[s + 1] = -1
-                    stack.append(topo.rank[s + 1])
+                    stack.append(rank_of[s + 1])
             p -= 1
         pos[rank] = p
-    return q, qj
+    return q, qj, q_f, q_i
+
+
+def _walk_from(q: Sequence[float], qj: Sequence[float], cut: float) -> int:
+    """The last position whose op's tail less its duration, max(q[p + 1], qj[p]) (non-increasing
+    along the order), is at least ``cut``: the ops after it keep their tails (-1: all of them)."""
+    lo, hi = 0, len(q) - 1  # binary search for the last p with max(q[p + 1], qj[p]) >= cut
+    found = -1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        after = q[mid + 1] if mid + 1 < len(q) else 0.0
+        if (qj[mid] if qj[mid] > after else after) >= cut:
+            found, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return found
 
 
 def insertion_ok(order: Sequence[Code], i: int, j: int, live: Sequence[int], cap: int) -> bool:
@@ -291,6 +363,10 @@ def tabu_worker(state: SearchState) -> Iterator[None]:
         stall = 0
         step = 0
         tabu: dict[tuple[int, Code], int] = {}
+        dur: list[list[float]] | None = None  # of cur
+        index: list[dict[Code, int]] | None = None  # of cur
+        known: TailState | None = None  # tails of cur, or of cur before the move `moved`
+        moved: tuple[int, int, int] | None = None
         while state.outside == outside:
             step += 1
             if tl.stuck is not None or stall >= TABU_STALL:
@@ -300,13 +376,19 @@ def tabu_worker(state: SearchState) -> Iterator[None]:
                 state.offer(score, cur, None, "orders")
                 stall = 0
                 tabu.clear()
+                dur, index, known, moved = None, None, None, None
                 yield
                 continue
-            dur = durations_of(model, cur)
-            q, qj = tails(cur, dur, obj.tail_delays(turn), model.microbatches, obj.topo)
+            if dur is None or index is None:
+                dur, index = durations_of(model, cur), positions(cur)
+            if known is None or moved is not None:
+                since = None if known is None or moved is None else (known, *moved)
+                known = tail_state(cur, dur, obj.tail_delays(turn), model.microbatches, obj.topo, since)
+                moved = None
+            q, qj = known[0], known[1]
             cands = []
             lives: dict[int, list[int]] = {}
-            for s, a, b in critical_blocks(cur, tl, obj.topo):
+            for s, a, b in critical_blocks(cur, tl, obj.topo, index):
                 order = cur[s]
                 if s not in lives:
                     acc, row = 0, []
@@ -330,13 +412,19 @@ def tabu_worker(state: SearchState) -> Iterator[None]:
             op = cur[s][i]
             trial = cur[:]
             trial[s] = move(cur[s], i, j)
-            res, ttl = obj.scored_timeline(trial, turn)
+            res, ttl = obj.scored_timeline(trial, turn, resume=(tl, s, min(i, j)))
             tabu[(s, op)] = step + TABU_TENURE + rng.randrange(4)
             yield
             if not math.isfinite(res[0]):
                 continue
             state.offer(res, trial, None, "orders")
             cur, score, tl = trial, res, ttl
+            dur = dur[:]
+            dur[s] = move(dur[s], i, j)
+            moved = (s, min(i, j), max(i, j))
+            where = index[s]
+            for p in range(moved[1], moved[2] + 1):
+                where[cur[s][p]] = p
             if better(res, own_best):
                 own_best, own_codes = res, trial
                 stall = 0

@@ -27,24 +27,19 @@ Execution semantics (shared with the emulator via :mod:`links`):
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from titan_morph.pipelining.deadlock import DeadlockError, deadlock_error
+from titan_morph.pipelining.layout import Layout, layout, wires
 from titan_morph.pipelining.links import LinkModel, LinkQueue, StaticDelays
 from titan_morph.pipelining.model import CostModel, Op, Order, validate_orders
 
 __all__ = ["DeadlockError", "OpTiming", "CriticalStep", "SimResult", "simulate", "makespan"]
 
 _EPS = 1e-9
-
-
-class DeadlockError(RuntimeError):
-    """The orders cannot complete; ``stuck`` maps each unfinished stage to the op it waits at."""
-
-    def __init__(self, message: str, stuck: dict[int, Op]) -> None:
-        super().__init__(message)
-        self.stuck = stuck
 
 
 @dataclass(frozen=True)
@@ -133,45 +128,6 @@ def _check_orders(model: CostModel, orders: Sequence[Sequence[Op]]) -> tuple[Ord
     return orders_t
 
 
-def _deadlock(model: CostModel, orders: Sequence[Sequence[Op]], pos: Sequence[int]) -> DeadlockError:
-    """Build the error naming, per stuck rank, the op it waits at and whom it waits for."""
-    last = model.stages - 1
-    word = "stage" if model.stages_per_rank == 1 else "rank"
-    stuck = {r: orders[r][pos[r]] for r in range(len(orders)) if pos[r] < len(orders[r])}
-    backward = {  # (stage, mb) -> the kind its backward runs as (B or I)
-        (op.stage if op.stage is not None else r, op.mb): op.kind
-        for r, order in enumerate(orders)
-        for op in order
-        if op.kind in ("I", "B")
-    }
-
-    def needs(r: int, op: Op) -> tuple[int, str] | None:
-        s = op.stage if op.stage is not None else r
-        prefix = "" if op.stage is None else "{}"
-        if op.kind == "F" and s > 0:
-            return model.rank_of(s - 1), prefix.format(s - 1) + f"F{op.mb}"
-        if op.kind in ("I", "B") and s < last:
-            return model.rank_of(s + 1), prefix.format(s + 1) + f"{backward.get((s + 1, op.mb), 'I')}{op.mb}"
-        return None
-
-    parts = []
-    for r, op in stuck.items():
-        need = needs(r, op)
-        if need is None:
-            parts.append(f"{word} {r} is stuck at {op} (position {pos[r] + 1} of {len(orders[r])})")
-            continue
-        src, what = need
-        if src in stuck:
-            blocker = stuck[src]
-            bneed = needs(src, blocker)
-            tail = f", waiting for {bneed[1]} from {word} {bneed[0]}" if bneed else ""
-            status = f"which is stuck behind {blocker} (position {pos[src] + 1} of {len(orders[src])}{tail})"
-        else:
-            status = f"whose order never produces {what}"
-        parts.append(f"{word} {r} waits for {op} (needs {what} from {word} {src}, {status})")
-    return DeadlockError("pipeline orders deadlock: " + "; ".join(parts), stuck)
-
-
 # ---------------------------------------------------------------------------------------------
 # The timing routine: one pass over fixed orders, shared by simulate(), makespan(), the search's
 # order moves (search_tabu.py), robust planning (robust.py) and the exact reference (exact.py).
@@ -231,6 +187,12 @@ class Timeline:
     ready: list[list[float]] | None = None
     blocked: list[list[float]] | None = None
     stuck: tuple[int, ...] | None = None
+    carry: _Carry | None = field(default=None, repr=False, compare=False)
+    """The run's per-stage, per-microbatch inputs' arrivals (and own F/I ends), kept by runs that
+    another can resume from (:func:`time_codes`'s ``resume``)."""
+
+
+_Carry = tuple[list[list[float]], list[list[float]], list[list[float]], list[list[float]]]
 
 
 def static_transmit(model: CostModel, links: LinkModel | None) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -270,6 +232,7 @@ def time_codes(
     t0: float = 0.0,
     took: Sequence[Sequence[float]] | None = None,
     detail: bool = False,
+    resume: tuple[Timeline, int, int] | None = None,
 ) -> Timeline:
     """Run fixed per-rank orders as early as possible: each op starts when its rank is free and
     its input is there (module docstring). The ONE timing routine of the planner.
@@ -284,6 +247,13 @@ def time_codes(
     one :class:`links.LinkQueue` per (link, direction), shared by every hop that crosses the link
     in that direction (per-link FIFO; the V's local hop takes no link). ``took[r][p]`` overrides
     the duration of the op at position p of rank r. Deadlocks give ``makespan = inf`` and ``stuck``.
+
+    ``resume = (timeline, rank, position)``: ``timeline`` timed the same orders under the same
+    delays except ``rank``'s from ``position`` on (a local move, as the search makes). Every op that
+    started before that rank's op at ``position`` could start cannot depend on a moved op, so it
+    keeps its times and only the rest is timed again: the same result as a full run, for less.
+    Used on the arithmetic branch without transmit times (where an op's times depend only on its
+    predecessors') when ``timeline`` came from it with the same ``detail``; ignored otherwise.
     """
     s_count, n, r_count = model.stages, model.microbatches, model.ranks
     last = s_count - 1
@@ -291,7 +261,8 @@ def time_codes(
         delays = _static_delays(model, links, depth)
     if delays is not None and transmit is None:
         transmit = static_transmit(model, links)
-    route_f, route_b = model.routes()
+    lay = layout(model)
+    route_f, route_b = lay.route_f, lay.route_b
     qf: list[LinkQueue | None] | None = None
     qb: list[LinkQueue | None] | None = None
     df: list[float] = []
@@ -311,29 +282,43 @@ def time_codes(
         df = [0.0 if rt is None else (cb if rt[1] else cf)[rt[0]] for rt in route_f]
         db = [0.0 if rt is None else (cb if rt[1] else cf)[rt[0]] for rt in route_b]
     # The bandwidth model on the arithmetic branch: per stage, its message's transmit time and wire.
-    tx = _wires(route_f, route_b, transmit) if qf is None and transmit is not None else None
+    tx = wires(lay, transmit) if qf is None and transmit is not None else None
     txf, txb, wf, wb = tx if tx is not None else ([], [], [], [])
     wire = [-math.inf] * (2 * model.num_links)
-    rank_of = [model.rank_of(s) for s in range(s_count)]
-    stages_of = [model.rank_stages(r) for r in range(r_count)]
+    rank_of, stages_of = lay.rank_of, lay.stages_of
     durs = []  # per rank, per code (kind + CHUNK * chunk)
-    for r in range(r_count):
+    for own in stages_of:
         row: list[float] = []
-        for s in stages_of[r]:
+        for s in own:
             row += [model.fwd[s], model.bwd[s], model.wgt[s], model.bwd[s] + model.wgt[s]]
         durs.append(row)
-    arr_f = [[-1.0] * n for _ in range(s_count)]  # delivery of F's input per stage and microbatch
-    arr_b = [[-1.0] * n for _ in range(s_count)]  # delivery of I/B's gradient per stage and microbatch
-    arr_f[0] = [0.0] * n
-    arr_b[last] = [0.0] * n  # the last stage's I/B needs only its own F, earlier in its rank's order
     starts = [[0.0] * len(o) for o in codes]
     ends = [[0.0] * len(o) for o in codes]
-    ready_at = [[0.0] * len(o) for o in codes] if detail else None
-    blocked_at = [[0.0] * len(o) for o in codes] if detail else None
-    own_f = [[0.0] * n for _ in range(s_count)] if detail else None
-    own_i = [[0.0] * n for _ in range(s_count)] if detail else None
+    ready_at = [[0.0] * len(o) for o in codes] if detail else []
+    blocked_at = [[0.0] * len(o) for o in codes] if detail else []
     pos = [0] * r_count
     free = [0.0] * r_count
+    plain = qf is None and tx is None and took is None  # an op's times depend only on its predecessors'
+    prev = resume[0] if resume is not None and plain else None
+    state = None
+    if prev is not None and prev.carry is not None and (prev.ready is not None) == detail and resume is not None:
+        state = _resumed(codes, prev, prev.carry, resume[1], resume[2], lay, starts, ends, pos)
+    if state is not None:
+        arr_f, arr_b, own_f, own_i = state
+        for r in range(r_count):
+            p = pos[r]
+            if p:
+                free[r] = ends[r][p - 1]
+                if prev is not None and prev.ready is not None and prev.blocked is not None:
+                    ready_at[r][:p] = prev.ready[r][:p]
+                    blocked_at[r][:p] = prev.blocked[r][:p]
+    else:
+        arr_f = [[-1.0] * n for _ in range(s_count)]  # delivery of F's input per stage and microbatch
+        arr_b = [[-1.0] * n for _ in range(s_count)]  # delivery of I/B's gradient per stage and microbatch
+        arr_f[0] = [0.0] * n
+        arr_b[last] = [0.0] * n  # the last stage's I/B needs only its own F, earlier in its rank's order
+        own_f = [[0.0] * n for _ in range(s_count)] if detail else []  # per stage and microbatch: F's end
+        own_i = [[0.0] * n for _ in range(s_count)] if detail else []  # ... and I's end (detail's ready)
     wait_f = [-1] * s_count  # the microbatch whose F input stage s's rank waits for
     wait_b = [-1] * s_count
     stack = list(range(r_count - 1, -1, -1))
@@ -408,7 +393,7 @@ def time_codes(
                 if wait_b[s - 1] == m:
                     wait_b[s - 1] = -1
                     stack.append(rank_of[s - 1])
-            if ready_at is not None and blocked_at is not None and own_f is not None and own_i is not None:
+            if detail:
                 if k == 0:
                     own_f[s][m] = t
                 elif k == 1:
@@ -419,32 +404,51 @@ def time_codes(
             p += 1
         pos[r] = p
         free[r] = t
+    ready_t, blocked_t = (ready_at, blocked_at) if detail else (None, None)
     if any(pos[r] < len(codes[r]) for r in range(r_count)):
-        return Timeline(math.inf, starts, ends, ready_at, blocked_at, tuple(pos))
+        return Timeline(math.inf, starts, ends, ready_t, blocked_t, tuple(pos))
     span = max((e[-1] for e in ends if e), default=0.0)
-    return Timeline(span, starts, ends, ready_at, blocked_at)
+    carry = (arr_f, arr_b, own_f, own_i) if plain else None
+    return Timeline(span, starts, ends, ready_t, blocked_t, carry=carry)
 
 
-Routes = Sequence[tuple[int, int] | None]
-
-
-def _wires(
-    route_f: Routes, route_b: Routes, transmit: tuple[Sequence[float], Sequence[float]]
-) -> tuple[list[float], list[float], list[int], list[int]] | None:
-    """Per stage, the transmit time of its F's and its I's message and the index (2·link +
-    direction) of the wire each uses; None when no link has a transmit time (the delay-only model)."""
-    tf, tb = transmit
-    if not any(t > 0 for t in tf) and not any(t > 0 for t in tb):
+def _resumed(
+    codes: Sequence[Sequence[Code]],
+    prev: Timeline,
+    carry: _Carry,
+    rank: int,
+    position: int,
+    lay: Layout,
+    starts: list[list[float]],
+    ends: list[list[float]],
+    pos: list[int],
+) -> _Carry | None:
+    """The state of :func:`time_codes` after the ops ``prev`` keeps (those that started before
+    ``rank`` was free for its op at ``position``, a prefix of every rank's order): their times
+    copied into ``starts``/``ends``, ``pos`` at each rank's first op to time again, and the inputs'
+    arrivals of the kept ops only (those of the ops timed again are cleared). None when less than
+    a third of the ops would be kept (a full run is then cheaper)."""
+    cut = prev.end[rank][position - 1] if position > 0 else 0.0
+    keep = [bisect_left(before, cut) for before in prev.start]  # starts are non-decreasing along an order
+    keep[rank] = min(keep[rank], position)
+    if 3 * sum(keep) < sum(len(o) for o in codes):
         return None
-
-    def per_stage(routes: Routes) -> tuple[list[float], list[int]]:
-        taus = [0.0 if rt is None else (tb if rt[1] else tf)[rt[0]] for rt in routes]
-        keys = [0 if rt is None else 2 * rt[0] + rt[1] for rt in routes]
-        return taus, keys
-
-    txf, wf = per_stage(route_f)
-    txb, wb = per_stage(route_b)
-    return txf, txb, wf, wb
+    arr_f = [row[:] for row in carry[0]]
+    arr_b = [row[:] for row in carry[1]]
+    last = len(lay.rank_of) - 1
+    for r, order in enumerate(codes):
+        p = pos[r] = keep[r]
+        starts[r][:p] = prev.start[r][:p]
+        ends[r][:p] = prev.end[r][:p]
+        mine = lay.stages_of[r]
+        for c, m in order[p:]:
+            s = mine[c >> 2]
+            if c & 3 == 0:
+                if s < last:
+                    arr_f[s + 1][m] = -1.0
+            elif c & 3 != 2 and s > 0:
+                arr_b[s - 1][m] = -1.0
+    return arr_f, arr_b, [row[:] for row in carry[2]], [row[:] for row in carry[3]]
 
 
 def _durations(model: CostModel, orders: Sequence[Order], durations: Callable[[int, Op], float]) -> list[list[float]]:
@@ -487,7 +491,7 @@ def _timeline(
         detail=detail,
     )
     if tl.stuck is not None:
-        raise _deadlock(model, orders_t, tl.stuck)
+        raise deadlock_error(model, orders_t, tl.stuck)
     return orders_t, tl
 
 

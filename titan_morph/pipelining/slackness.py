@@ -121,15 +121,6 @@ def _warmup_from(delta: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(x))
 
 
-def _fits(model: CostModel, memory: Sequence[int] | None, x: Sequence[int]) -> bool:
-    """x_s <= N, and every rank's warm-up (Σ of its stages' x_s) within M_r."""
-    if max(x) > model.microbatches:
-        return False
-    if memory is None:
-        return True
-    return all(sum(x[s] for s in model.rank_stages(r)) <= memory[r] for r in range(model.ranks))
-
-
 def _fill(
     model: CostModel, memory: Sequence[int] | None, key: Callable[[int, int], tuple[int, int] | None]
 ) -> list[int]:
@@ -137,26 +128,40 @@ def _fill(
 
     x_{S-1} = 1 and x_s = 1 + Σ_{j>=s} Δ_j; raising Δ_j raises x_0..x_j, allowed while x stays
     within N and every rank's warm-up within its budget. Returns Δ (length S−1). ``key`` returning
-    None means "stop raising" that hop.
+    None means "stop raising" that hop. Feasibility is monotone in j (raising Δ_j raises a prefix
+    of the stages), so each round finds the first infeasible hop in one pass over the stages.
     """
     hops = model.stages - 1
     delta = [0] * hops
     x = [1] * model.stages
+    rank_of = [model.rank_of(s) for s in range(model.stages)]
+    held = [len(model.rank_stages(r)) for r in range(model.ranks)]  # Σ x_s of each rank's stages
+    if memory is not None and any(h > m for h, m in zip(held, memory)):
+        return delta
     while True:
+        if x[0] + 1 > model.microbatches:  # x_0 is the largest x_s and rises with every hop
+            return delta
+        reach = hops  # the first hop that cannot be raised (its prefix overflows a rank's budget)
+        if memory is not None:
+            extra = [0] * model.ranks
+            for s in range(hops):
+                r = rank_of[s]
+                extra[r] += 1
+                if held[r] + extra[r] > memory[r]:
+                    reach = s
+                    break
         best = None
         best_key = None
-        for j in range(hops):
+        for j in range(reach):
             k_val = key(j, delta[j])
-            if k_val is None or (best_key is not None and not k_val < best_key):
-                continue
-            trial = [v + 1 if s <= j else v for s, v in enumerate(x)]
-            if _fits(model, memory, trial):
+            if k_val is not None and (best_key is None or k_val < best_key):
                 best, best_key = j, k_val
         if best is None:
             return delta
         delta[best] += 1
         for k in range(best + 1):
             x[k] += 1
+            held[rank_of[k]] += 1
 
 
 def initial_warmup(
