@@ -8,7 +8,8 @@ Alg. 3/4 generator) → ``simulate`` (the one timing routine for fixed orders un
 (named schedules) → ``export`` and ``cli`` (``python -m titan_morph.pipelining.plan``). ``exact``
 is the CP-SAT reference for small instances and holds the closed-form lower bounds on any schedule
 (static delays, and one step under time-varying links); ``links`` is the link model the simulator
-and the transports' emulator share. The runtime (``titan_morph.runtime``) turns plans into torch actions.
+and the transports' emulator share; ``layout`` caches the stage tables the generator, the simulator
+and the search index by. The runtime (``titan_morph.runtime``) turns plans into torch actions.
 Each module handles one stage per rank and two per rank in a V (``CostModel.stages_per_rank``:
 ZB-V, DualPipeV and PipeMorph-V).
 """

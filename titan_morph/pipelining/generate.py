@@ -330,7 +330,8 @@ def run_generator(
     pair: list[tuple[int, int] | None] = [None] * r_count  # PAIR_W: the W that must run next
     in_flight = [0] * r_count
     busy = [False] * r_count
-    done = [0] * r_count
+    done = 0  # ops run
+    pairing = split_backward and any(p & PAIR_W for p in policy)
     orders: list[list[tuple[int, int]]] = [[] for _ in range(r_count)]
     # (time, seq, stage, kind or _ARRIVE_* or _SENT_*, mb); seq orders events of one instant as issued.
     events: list[tuple[float, int, int, int, int]] = []
@@ -347,8 +348,7 @@ def run_generator(
             if busy[r]:
                 continue
             p = policy[r]
-            code = -1
-            paired = pair[r]
+            paired = pair[r] if pairing else None
             if paired is not None:
                 s, m = paired
                 pair[r] = None
@@ -359,9 +359,8 @@ def run_generator(
                 best: tuple[int, int, int] | None = None
                 # Slots beyond those owed to warm-up forwards and to the second leg (module docstring).
                 up = up_of[r]
-                held = (
-                    up >= 0
-                    and up_in_flight[r] == 0
+                held = up >= 0 and (
+                    up_in_flight[r] == 0
                     and warm_left[up] == 0
                     and f_stage[up] > 0
                     and n - f_stage[up] == down_done[r]  # no first-leg microbatch is past the second leg
@@ -435,7 +434,7 @@ def run_generator(
                         heappush(events, (arrive, seq, s + 1, _ARRIVE_F, m))
             elif code == _I:
                 end = now + ti[s]
-                if p & PAIR_W and split_backward and (f_left[r] > 0 or last_f[r]):
+                if pairing and p & PAIR_W and (f_left[r] > 0 or last_f[r]):
                     pair[r] = (s, m)
                 if s > 0:
                     if qb is None:
@@ -451,7 +450,8 @@ def run_generator(
                         heappush(events, (arrive, seq, s - 1, _ARRIVE_I, m))
             else:
                 end = now + tw[s]
-            last_f[r] = code == _F
+            if pairing:
+                last_f[r] = code == _F
             if record:
                 orders[r].append((code + chunk_of[s], m))
             busy[r] = True
@@ -500,7 +500,7 @@ def run_generator(
                 marked[r] = True
                 dirty.append(r)
             busy[r] = False
-            done[r] += 1
+            done += 1
             end_time = t
             if code == _F:
                 if s == last:
@@ -513,7 +513,6 @@ def run_generator(
                     down_done[r] += 1
                 if split_backward:
                     heappush(ready_w[s], m)
-    per_rank = n * (3 if split_backward else 2)
-    if any(d != per_rank * len(stages_of[r]) for r, d in enumerate(done)):
+    if done != n * s_count * (3 if split_backward else 2):  # a rank stalled: the others cannot finish it
         return math.inf, None
     return end_time, orders if record else None

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .generate import run_generator
+from .layout import layout
 from .links import LinkModel, StaticDelays
 from .model import CostModel
 from .simulate import CHUNK, Code, Timeline, static_transmit, time_codes
@@ -156,14 +157,12 @@ class Topology:
     per hop the static delay of its message (0 on the V's local hop)."""
 
     def __init__(self, model: CostModel) -> None:
+        lay = layout(model)
         self.last = model.stages - 1
-        self.rank = [model.rank_of(s) for s in range(model.stages)]
-        self.stages = [model.rank_stages(r) for r in range(model.ranks)]
-        self.offset = [0] * model.stages
-        for own in self.stages:
-            for k, stage in enumerate(own):
-                self.offset[stage] = CHUNK * k
-        self.route_f, self.route_b = model.routes()
+        self.rank = lay.rank_of
+        self.stages = lay.stages_of
+        self.offset = [CHUNK * k for k in lay.chunk_of]
+        self.route_f, self.route_b = lay.route_f, lay.route_b
 
     def stage(self, r: int, code: int) -> int:
         return self.stages[r][code // CHUNK]

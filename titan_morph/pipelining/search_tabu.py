@@ -343,6 +343,16 @@ TABU_STALL = 150
 TABU_REACH = 12
 
 
+def _in_flight(order: Sequence[Code], live: int) -> list[int]:
+    """Microbatches in flight after each op of ``order``, from ``live`` before it."""
+    row = []
+    for c, _m in order:
+        kind = c & 3  # c % CHUNK
+        live += 1 if kind == OP_F else -1 if kind == OP_I else 0
+        row.append(live)
+    return row
+
+
 def tabu_worker(state: SearchState) -> Iterator[None]:
     """Tabu search on fixed orders from the best schedule so far. Each step ranks the insertions
     inside the critical blocks by :func:`estimate`, takes the best one whose op was not moved in
@@ -365,6 +375,7 @@ def tabu_worker(state: SearchState) -> Iterator[None]:
         tabu: dict[tuple[int, Code], int] = {}
         dur: list[list[float]] | None = None  # of cur
         index: list[dict[Code, int]] | None = None  # of cur
+        lives: dict[int, list[int]] = {}  # of cur, per rank met in a block: microbatches in flight after each op
         known: TailState | None = None  # tails of cur, or of cur before the move `moved`
         moved: tuple[int, int, int] | None = None
         while state.outside == outside:
@@ -377,6 +388,7 @@ def tabu_worker(state: SearchState) -> Iterator[None]:
                 stall = 0
                 tabu.clear()
                 dur, index, known, moved = None, None, None, None
+                lives = {}
                 yield
                 continue
             if dur is None or index is None:
@@ -387,15 +399,10 @@ def tabu_worker(state: SearchState) -> Iterator[None]:
                 moved = None
             q, qj = known[0], known[1]
             cands = []
-            lives: dict[int, list[int]] = {}
             for s, a, b in critical_blocks(cur, tl, obj.topo, index):
                 order = cur[s]
                 if s not in lives:
-                    acc, row = 0, []
-                    for c, _ in order:
-                        acc += 1 if c % CHUNK == OP_F else -1 if c % CHUNK == OP_I else 0
-                        row.append(acc)
-                    lives[s] = row
+                    lives[s] = _in_flight(order, 0)
                 for i, j in block_insertions(a, b):
                     if insertion_ok(order, i, j, lives[s], obj.caps[s]):
                         cands.append((estimate(s, i, j, tl, dur, q, qj), s, i, j))
@@ -425,6 +432,9 @@ def tabu_worker(state: SearchState) -> Iterator[None]:
             where = index[s]
             for p in range(moved[1], moved[2] + 1):
                 where[cur[s][p]] = p
+            if s in lives:  # the count after the moved range is the same
+                lo, hi = moved[1], moved[2]
+                lives[s][lo : hi + 1] = _in_flight(cur[s][lo : hi + 1], lives[s][lo - 1] if lo else 0)
             if better(res, own_best):
                 own_best, own_codes = res, trial
                 stall = 0
