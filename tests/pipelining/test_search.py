@@ -131,7 +131,7 @@ def test_tails_give_the_makespan_and_moves_keep_orders_valid() -> None:
         topo = Topology(model)
         tl = time_codes(model, codes, delays=delays, detail=True)
         dur = tabu.durations_of(model, codes)
-        q, qj = tabu.tails(codes, dur, delays, model.microbatches, topo)
+        q, qj, _, _ = tabu.tail_state(codes, dur, delays, model.microbatches, topo)
         longest = max(tl.start[r][p] + q[r][p] for r in range(model.ranks) for p in range(len(codes[r])))
         assert longest == pytest.approx(tl.makespan)
         caps = [model.budget(r) for r in range(model.ranks)]

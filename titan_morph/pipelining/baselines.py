@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from titan_morph.pipelining.generate import PAIR_W, REFILL, check_warmup, generate_codes, orders_of
 from titan_morph.pipelining.links import LinkModel
@@ -200,23 +201,11 @@ def split_codes(codes: Sequence[Sequence[Code]]) -> list[list[Code]]:
     return out
 
 
-def build_plain(
-    schedule: str,
-    model: CostModel,
-    *,
-    delta: float | None = None,
-    links: LinkModel | None = None,
-    warmup: Sequence[int] | None = None,
-    refill: bool = False,
-) -> Plan:
-    """The named schedule (any spelling :func:`schedule_key` accepts) for ``model``, without search.
-
-    ``delta``: δ-quantised generation; ``links``: a link model the generator plans against instead of
-    ``model.delays``; ``warmup``: override x_i (pipemorph only); ``refill``: keep stages x_i forwards
-    ahead in the steady phase (:mod:`generate`; default False = the paper's I > F > W).
-    """
+def build_plain(schedule: str, model: CostModel, **options: Any) -> Plan:
+    """The named schedule (any spelling :func:`schedule_key` accepts) for ``model``, without search;
+    ``options`` are :func:`plain_codes`'s."""
     name = check_placement(schedule, model)
-    x, codes, fused = plain_codes(name, model, delta=delta, links=links, warmup=warmup, refill=refill)
+    x, codes, fused = plain_codes(name, model, **options)
     orders = orders_of(model, codes, fused)
     return Plan(name, warmup_counts(model, orders) if x is None else x, orders, model)
 
@@ -232,7 +221,12 @@ def plain_codes(
 ) -> tuple[tuple[int, ...] | None, list[list[Code]], bool]:
     """:func:`build_plain`'s schedule before any :class:`model.Op` is made (the search seeds itself
     with these): x_i (None where the plan reads them off its orders: ZB-V, DualPipeV), the orders as
-    :func:`generate.run_generator` codes, and whether their kind 1 is a fused ``B``. Same checks."""
+    :func:`generate.run_generator` codes, and whether their kind 1 is a fused ``B``.
+
+    ``delta``: δ-quantised generation; ``links``: a link model the generator plans against instead of
+    ``model.delays``; ``warmup``: override x_i (pipemorph only); ``refill``: keep stages x_i forwards
+    ahead in the steady phase (:mod:`generate`; default False = the paper's I > F > W).
+    """
     name = check_placement(schedule, model)
     if warmup is not None and name not in ("pipemorph", "pipemorph-v"):
         raise ValueError(f"warmup= overrides only 'pipemorph' and 'pipemorph-v'; {schedule!r} defines its own x_i")

@@ -162,26 +162,10 @@ def check_limit(model: CostModel, warmup: Sequence[int], limit: Sequence[int] | 
     return lim
 
 
-def generate(
-    model: CostModel,
-    warmup: Sequence[int],
-    *,
-    limit: Sequence[int] | None = None,
-    policy: int | Sequence[int] = 0,
-    refill: bool = False,
-    **options: Any,
-) -> tuple[Order, ...]:
-    """Per-rank operation orders by Alg. 3/4 (event-driven; δ-quantised when ``delta`` is set).
-
-    ``warmup`` = x_s per stage, ``limit`` = in-flight cap per rank (default its warm-up).
-    ``policy``: bits :data:`WAIT_W`, :data:`WAIT_F`, :data:`WAIT_W_FOR_F`, :data:`REFILL`,
-    :data:`PAIR_W` (module docstring), one value for every rank or one per rank; ``refill=True``
-    adds :data:`REFILL` everywhere. ``options`` are :func:`run_generator`'s:
-    ``split_backward=False`` emits fused ``B`` ops (1F1B-style) instead of ``I``/``W``; ``delta``
-    quantises decision times; delays come from ``model.delays`` unless ``links`` is given (looked
-    up at ``t0 + t`` and ``step``).
-    """
-    codes = generate_codes(model, warmup, limit=limit, policy=policy, refill=refill, **options)
+def generate(model: CostModel, warmup: Sequence[int], **options: Any) -> tuple[Order, ...]:
+    """Per-rank operation orders by Alg. 3/4: :func:`generate_codes`'s (same arguments) as
+    :class:`model.Op` orders (fused ``B`` ops with ``split_backward=False``)."""
+    codes = generate_codes(model, warmup, **options)
     return orders_of(model, codes, fused=not options.get("split_backward", True))
 
 
@@ -194,7 +178,17 @@ def generate_codes(
     refill: bool = False,
     **options: Any,
 ) -> list[list[tuple[int, int]]]:
-    """:func:`generate`'s orders as :func:`run_generator`'s codes (same arguments, same checks)."""
+    """Per-rank orders by Alg. 3/4 (event-driven; δ-quantised when ``delta`` is set), as
+    :func:`run_generator`'s codes, after checking the arguments.
+
+    ``warmup`` = x_s per stage, ``limit`` = in-flight cap per rank (default its warm-up).
+    ``policy``: bits :data:`WAIT_W`, :data:`WAIT_F`, :data:`WAIT_W_FOR_F`, :data:`REFILL`,
+    :data:`PAIR_W` (module docstring), one value for every rank or one per rank; ``refill=True``
+    adds :data:`REFILL` everywhere. ``options`` are :func:`run_generator`'s:
+    ``split_backward=False`` emits fused ``B`` ops (1F1B-style) instead of ``I``/``W``; ``delta``
+    quantises decision times; delays come from ``model.delays`` unless ``links`` is given (looked
+    up at ``t0 + t`` and ``step``).
+    """
     x = check_warmup(model, warmup)
     lim = check_limit(model, x, limit)
     pol = check_policy(model, policy)

@@ -14,7 +14,7 @@ looks for the schedule with the lowest makespan (or, given delay samples, the lo
 * Order worker (:mod:`search_tabu`): tabu search on fixed orders, as for job shops. The disjunctive
   graph has one chain per stage (its order) and message arcs weighted by the link delays; an op's
   head is its start and its tail the longest path from its start to the end
-  (:func:`search_tabu.tails`). Moves are insertions inside the critical blocks (runs of
+  (:func:`search_tabu.tail_state`). Moves are insertions inside the critical blocks (runs of
   back-to-back ops on a critical path: only reordering there can shorten it): a block's last op
   earlier, its first op later, an interior op to the block's first or last slot (e.g. a ``W``
   deferred past the block, which is how a stage's ``W``s move out of a memory-bound steady phase).

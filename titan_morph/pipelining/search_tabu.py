@@ -2,7 +2,7 @@
 
 The disjunctive graph has one chain per rank (its order) and message arcs weighted by the link
 delays; an op's head is its start and its tail the longest path from its start to the end
-(:func:`tails`). Moves are insertions inside the critical blocks (runs of back-to-back ops on a
+(:func:`tail_state`). Moves are insertions inside the critical blocks (runs of back-to-back ops on a
 critical path, :func:`critical_blocks`: only reordering there can shorten it), ranked by a
 head/tail estimate of the new makespan (:func:`estimate`) and then timed exactly. Valid moves keep
 F < I < W per stage and microbatch and the in-flight count within the rank's budget
@@ -27,7 +27,6 @@ __all__ = [
     "move",
     "perturb",
     "durations_of",
-    "tails",
     "tail_state",
     "TailState",
     "insertion_ok",
@@ -149,22 +148,6 @@ TailState = tuple[list[list[float]], list[list[float]], list[list[float]], list[
 the q of its F and of its I (the message successors' tails)."""
 
 
-def tails(
-    codes: Sequence[Sequence[Code]],
-    dur: Sequence[Sequence[float]],
-    delays: tuple[Sequence[float], Sequence[float]],
-    microbatches: int,
-    topo: Topology,
-) -> tuple[list[list[float]], list[list[float]]]:
-    """Per op: q = the longest path from its start to the end of the schedule (its duration
-    included), and qj = the part of it through its message successor (delay + successor's q; 0
-    for W and at the ends of the pipeline). Static non-blocking delays. The mirror image of
-    :func:`simulate.time_codes`: each rank's order is walked backwards, waiting where a message
-    successor's q is not known yet."""
-    q, qj, _, _ = tail_state(codes, dur, delays, microbatches, topo)
-    return q, qj
-
-
 def tail_state(
     codes: Sequence[Sequence[Code]],
     dur: Sequence[Sequence[float]],
@@ -173,8 +156,14 @@ def tail_state(
     topo: Topology,
     resume: tuple[TailState, int, int, int] | None = None,
 ) -> TailState:
-    """:func:`tails` with the per-stage tables, and ``resume = (state, rank, lo, hi)``: ``state``
-    of the same orders and delays except ``rank``'s ops at lo..hi (reordered among themselves).
+    """Per op: q = the longest path from its start to the end of the schedule (its duration
+    included), and qj = the part of it through its message successor (delay + successor's q; 0
+    for W and at the ends of the pipeline); and per stage and microbatch the q of its F and its I.
+    Static non-blocking delays. The mirror image of :func:`simulate.time_codes`: each rank's order
+    is walked backwards, waiting where a message successor's q is not known yet.
+
+    ``resume = (state, rank, lo, hi)``: ``state`` of the same orders and delays except ``rank``'s
+    ops at lo..hi (reordered among themselves).
     An op whose tail, less its own duration, is shorter than the op at hi + 1's cannot reach a
     moved op, so its q stays; only the others are walked again (the same result as a full walk)."""
     df, db = topo.hop_delays(delays)
