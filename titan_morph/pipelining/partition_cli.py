@@ -187,7 +187,12 @@ def summary(problem: PartitionProblem, result: PartitionResult, planning_ms: flo
             f"  {model.wgt[s]:>7.2f}  {mem:>3}"
         )
     speedup = "" if result.speedup is None else f" ({result.speedup:.2f}x the even split)"
-    how = "the search" if best.searched else "the plain plan, at the bound" if best.lower_bound_ms else "the plan"
+    if best.searched:
+        how = "the search"
+    elif best.makespan_ms <= best.lower_bound_ms * (1 + 1e-9):
+        how = f"{best.plan.schedule}, at the bound"
+    else:
+        how = best.plan.schedule
     lines += [
         "",
         f"makespan {best.makespan_ms:.1f} ms{speedup}, plan {best.plan.plan_id} by {how};"

@@ -34,9 +34,9 @@ __all__ = [
     "stage_ranges",
 ]
 
-SPLIT_WORK = 64_000
+SPLIT_WORK = 32_000
 """Default cap on the splits bounded: this / S (each bound costs O(S))."""
-EVALUATION_WORK = 100_000
+EVALUATION_WORK = 50_000
 """Default cap on the candidate planner's runs: this / (3·S·N scheduled ops), at least 16; about
 a second of planning on the reference box."""
 REFINE = 2
