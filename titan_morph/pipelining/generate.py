@@ -350,7 +350,6 @@ def run_generator(
                 heapq.heapify(ready_w[s])
                 code = _W
             else:
-                best: tuple[int, int, int] | None = None
                 # Slots beyond those owed to warm-up forwards and to the second leg (module docstring).
                 up = up_of[r]
                 held = up >= 0 and (
@@ -362,46 +361,47 @@ def run_generator(
                 room = limit[r] - in_flight[r] - warm_rank[r] - held
                 mine = stages_of[r]
                 wait = 5  # the earliest phase a stage chose to wait in: nothing of it or later runs
-                for s in mine:
-                    rf = ready_f[s]
-                    free = room > 0 or (held and s == up)
-                    if warm_left[s] > 0:
-                        cand = (0, rf[0], -s) if rf else None
-                    elif p & REFILL and rf and free:
-                        cand = (1, rf[0], -s)
-                    elif ready_i[s]:
-                        cand = (2, ready_i[s][0], -s)
-                    elif rf and free:
-                        cand = (3, rf[0], -s)
+                best = 5  # the proposal: earliest phase (5: none), then oldest microbatch, then later stage
+                m = s = 0
+                for q in mine:
+                    rf = ready_f[q]
+                    if warm_left[q] > 0:
+                        if not rf:
+                            continue
+                        phase, mb = 0, rf[0]
+                    elif p & REFILL and rf and (room > 0 or (held and q == up)):
+                        phase, mb = 1, rf[0]
+                    elif ready_i[q]:
+                        phase, mb = 2, ready_i[q][0]
+                    elif rf and (room > 0 or (held and q == up)):
+                        phase, mb = 3, rf[0]
                         if p & WAIT_F:  # a gradient the rank will take (its stage past warm-up) comes first
-                            due = now + tf[s]
-                            for q in mine:
-                                if not warm_left[q] and coming_i[q] and coming_i[q][0] < due:
-                                    cand, wait = None, min(wait, 3)
-                    elif ready_w[s]:
-                        cand = (4, ready_w[s][0], -s)
-                        due = now + tw[s]
+                            due = now + tf[q]
+                            for o in mine:
+                                if not warm_left[o] and coming_i[o] and coming_i[o][0] < due:
+                                    phase, wait = 5, min(wait, 3)
+                    elif ready_w[q]:
+                        phase, mb = 4, ready_w[q][0]
+                        due = now + tw[q]
                         if p & WAIT_W:
-                            for q in mine:
-                                if not warm_left[q] and coming_i[q] and coming_i[q][0] < due:
-                                    cand, wait = None, min(wait, 4)
-                        if p & WAIT_W_FOR_F and cand is not None:  # an input the rank may forward comes first
-                            for q in mine:
+                            for o in mine:
+                                if not warm_left[o] and coming_i[o] and coming_i[o][0] < due:
+                                    phase, wait = 5, min(wait, 4)
+                        if p & WAIT_W_FOR_F and phase < 5:  # an input the rank may forward comes first
+                            for o in mine:
                                 if (
-                                    coming_f[q]
-                                    and coming_f[q][0] < due
-                                    and (warm_left[q] or room > 0 or held and q == up)
+                                    coming_f[o]
+                                    and coming_f[o][0] < due
+                                    and (warm_left[o] or room > 0 or held and o == up)
                                 ):
-                                    cand, wait = None, min(wait, 4)
+                                    phase, wait = 5, min(wait, 4)
                     else:
-                        cand = None
-                    if cand is not None and (best is None or cand < best):
-                        best = cand
-                if best is None or best[0] >= wait:
+                        continue
+                    if phase < best or (phase == best < 5 and (mb < m or (mb == m and q > s))):
+                        best, m, s = phase, mb, q
+                if best >= wait:
                     continue
-                phase, m, s = best
-                s = -s
-                code = _PHASE_KIND[phase]
+                code = _PHASE_KIND[best]
                 heappop(ready[code][s])
             kind = code
             if code == _F:
