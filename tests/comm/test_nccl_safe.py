@@ -1,5 +1,6 @@
-"""The NCCL-safe default path, on fakes (no GPU): a backend with one FIFO stream per peer pair,
-polling waits, the pair groups' NCCL options, probes on the group's device."""
+"""The NCCL-safe default path, on fakes (no GPU, and NCCL's two-rank paths cannot run on one GPU):
+a backend with one FIFO stream per peer pair, stream-ordered waits watched off the host, the pair
+groups' NCCL options, probes on the group's device."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from titan_morph.comm import pairs
+from titan_morph.comm import pairs, waits
 from titan_morph.comm.pairs import LinkFailedError, LinkGroups, LinkTransport, PairGroup
-from titan_morph.comm.waits import poll_until
+from titan_morph.comm.waits import DeviceWatch, poll_until
 
 
 class Fabric:
@@ -63,11 +64,11 @@ class FakeWork:
         return self.done
 
     def wait(self, *args: object) -> bool:
+        """``wait()``: the current stream waits for the op (the host does not); a timeout would make
+        NCCL block the host and abort the communicator itself."""
         self.waits.append(args)
         if args:
-            raise AssertionError("a polling wait must never pass NCCL a timeout (it would block the host)")
-        if not self.done:
-            raise AssertionError("wait() called on an NCCL work that had not completed")
+            raise AssertionError("an NCCL wait must never pass NCCL a timeout (it would block the host)")
         return True
 
 
@@ -146,16 +147,49 @@ def test_one_shared_group_deadlocks_on_one_stream_per_pair() -> None:
     assert fabric.stuck() == 3 and not act.any()
 
 
-def test_a_polling_wait_times_out_with_rank_link_and_operation_and_never_hands_nccl_a_timeout() -> None:
+@pytest.fixture
+def watch(monkeypatch):
+    """The process's device watch, polled by the test on a clock it moves."""
+    now = [0.0]
+    fake = DeviceWatch(thread=False, clock=lambda: now[0])
+    fake.now = now  # type: ignore[attr-defined]
+    monkeypatch.setattr(waits, "_watch", fake)
+    return fake
+
+
+def test_an_nccl_wait_is_stream_ordered_and_a_stall_found_off_the_host_fails_the_link(watch) -> None:
     fabric = Fabric()
     t1 = LinkTransport(_groups(fabric, 1), group=PP, epoch=0.0)  # type: ignore[arg-type]
     (handle,) = t1.batch_p2p([_op(False, torch.zeros(2), 0)])
-    with pytest.raises(
-        LinkFailedError,
-        match=r"stage 1 \(rank 1\): receive from stage 0 on link 0 \(fwd\).*not completed within 0.05 s",
-    ):
-        handle.wait(0.05)
-    assert handle.work.waits == []  # type: ignore[attr-defined]
+    assert handle.wait(0.05)  # at once: the stream waits for the receive, the host goes on
+    assert handle.work.waits == [()]  # type: ignore[attr-defined]  # never NCCL's own (blocking) bounded wait
+    assert watch.poll() == 1 and handle.device_ops()[0].landed() is None  # type: ignore[attr-defined]
+    watch.now[0] = 0.06
+    assert watch.poll() == 0 and handle.device_ops()[0].landed() is False  # type: ignore[attr-defined]
+    group = t1.groups.group(0).group("fwd")
+    assert group.broken.startswith("stalled: not completed on the device within 0.06 s")  # type: ignore[attr-defined]
+    stalled = r"stage 1 \(rank 1\): receive from stage 0 on link 0 \(fwd\) stalled on the link's default path"
+    with pytest.raises(LinkFailedError, match=stalled) as err:
+        t1.batch_p2p([_op(False, torch.zeros(2), 0)])
+    assert (err.value.link, err.value.direction) == (0, "fwd")
+    assert t1.batch_p2p([_op(True, torch.zeros(2), 0)])  # the other direction is not this stall's
+
+
+def test_an_nccl_op_that_completes_lands_with_its_time(watch) -> None:
+    fabric = Fabric()
+    t0 = LinkTransport(_groups(fabric, 0), group=PP, epoch=0.0)  # type: ignore[arg-type]
+    t1 = LinkTransport(_groups(fabric, 1), group=PP, epoch=0.0)  # type: ignore[arg-type]
+    got = torch.zeros(2)
+    (recv,) = t1.batch_p2p([_op(False, got, 0)])
+    recv.wait(5.0)
+    stamps: list[float] = []
+    op = recv.device_ops()[0]  # type: ignore[attr-defined]
+    op.when_landed(stamps.append)
+    watch.now[0] = 1.5
+    assert watch.poll() == 1 and stamps == []
+    t0.batch_p2p([_op(True, torch.full((2,), 3.0), 1)])
+    watch.now[0] = 2.0
+    assert watch.poll() == 0 and stamps == [2.0] and op.landed() is True and torch.equal(got, torch.full((2,), 3.0))
 
 
 def test_poll_until_backs_off_and_stops_at_the_deadline() -> None:
@@ -252,17 +286,20 @@ def test_the_pair_env_is_written_once_by_the_builder_never_while_threads_make_gr
     assert len(writes) == 2 and dict(environ) == pairs.NCCL_PAIR_ENV  # kept: later groups read the same
 
 
-def test_torch_handles_on_nccl_poll_and_never_hand_nccl_a_timeout() -> None:
+def test_torch_handles_on_nccl_wait_on_the_stream_and_raise_a_stall_at_the_next_wait(watch) -> None:
     from titan_morph.comm.records import CommTimeoutError
-    from titan_morph.comm.transport import TorchHandle
+    from titan_morph.comm.transport import Stalls, TorchHandle
 
     fabric = Fabric()
+    stalls = Stalls()
     pending = fabric.post("g", 0, False, torch.zeros(1))
-    with pytest.raises(CommTimeoutError, match="not completed within 0.05 s"):
-        TorchHandle(pending, (), poll=True).wait(0.05)
-    assert pending.waits == []
-    fabric.post("g", 1, True, torch.ones(1))
-    assert TorchHandle(pending, (), poll=True).wait(0.05) and pending.waits == [()]
+    assert TorchHandle(pending, (), device=True, stalls=stalls).wait(0.05) and pending.waits == [()]
+    watch.now[0] = 1.0
+    watch.poll()
+    later = fabric.post("g", 0, False, torch.zeros(1))
+    with pytest.raises(CommTimeoutError, match="not completed on the device within 1 s"):
+        TorchHandle(later, (), device=True, stalls=stalls).wait(0.05)
+    assert later.waits == []
 
 
 def test_later_probes_reuse_the_last_good_probe_groups() -> None:

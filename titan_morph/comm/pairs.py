@@ -17,8 +17,9 @@ it aborts the communicator.
 On NCCL (paper §5.3: titan_morph's failover must act before NCCL does) each link has one group per
 direction, so a peer pair's sends and receives never share a stream (the link emulator releases
 sends late, from another thread: on one stream a receive queued first would hold the send that
-completes it, on both ranks); waits poll completion against the ``[comm]`` bound and never block the
-host (:mod:`titan_morph.comm.waits`); a group's own NCCL timeout is well beyond that bound
+completes it, on both ranks); waits are stream-ordered, so the host runs ahead of the device, and an op
+that outlasts the ``[comm]`` bound on the device is found by a watch thread, which tears the link's
+group down (:mod:`titan_morph.comm.waits`); a group's own NCCL timeout is well beyond that bound
 (:func:`nccl_timeout_s`) and its watchdog only cleans up a failed communicator
 (:data:`NCCL_PAIR_ENV`), so the process lives on and titan_morph's timeout, abort and failover come
 first; probes exchange tensors on the group's device, from a thread on the rank's device.
@@ -47,7 +48,7 @@ from titan_morph.comm.machine.system import fd_targets
 from titan_morph.comm.records import MessageRecord
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 from titan_morph.comm.transport import Handle, TorchTransport, classify_op
-from titan_morph.comm.waits import on_nccl, poll_until
+from titan_morph.comm.waits import DeviceOp, on_nccl, poll_until, stream_wait
 
 __all__ = ["NCCL_PAIR_ENV", "BreakPlan", "LinkFailedError", "LinkGroups", "LinkTransport", "LinkWire", "PairGroup"]
 
@@ -154,8 +155,9 @@ class PairGroup:
 
     @property
     def polls(self) -> bool:
-        """Whether waits poll completion (NCCL) rather than block in a bounded ``wait`` (gloo, whose
-        receives report completion only from ``wait``)."""
+        """Whether its ops run on the device's queue and report completion by themselves (NCCL):
+        training waits are then stream-ordered and watched, a probe's polled; gloo's receives report
+        completion only from a bounded ``wait``."""
         return self.backend == "nccl"
 
     def send(self, tensor: torch.Tensor) -> Any:
@@ -428,9 +430,11 @@ def _failure(
 
 
 class _LinkHandle:
-    """One op on a link's group; a failure of the group is a :class:`LinkFailedError`."""
+    """One op on a link's group; a failure of the group is a :class:`LinkFailedError`. On NCCL the
+    wait is stream-ordered and the op watched off the host (:mod:`titan_morph.comm.waits`): one that
+    outlasts its bound tears the link's group down (:meth:`LinkTransport.stalled`)."""
 
-    __slots__ = ("owner", "work", "ops", "link", "direction", "send", "group")
+    __slots__ = ("owner", "work", "ops", "link", "direction", "send", "group", "op")
     record: MessageRecord | None = None
     due_s: float | None = None
     ops: Sequence[dist.P2POp]
@@ -440,19 +444,32 @@ class _LinkHandle:
     ) -> None:
         self.owner, self.work, self.ops = owner, work, (op,)
         self.link, self.direction, self.send, self.group = link, direction, send, group
+        self.op = DeviceOp(work) if group.polls else None
 
     def wait(self, timeout: float | None = None) -> bool:
         bound = self.owner.timeouts.for_step(self.owner.groups.step) if timeout is None else timeout
         t0 = time.monotonic()
         try:
-            _wait_work(self.group, self.work, bound)
+            if self.op is None:
+                _wait_work(self.group, self.work, bound)
+            else:
+                self.owner.raise_stall(self.link, self.direction)
+                stream_wait(self.op, bound, self._stalled)
             return True
+        except LinkFailedError:
+            raise
         except Exception as e:  # gloo/NCCL errors and timeouts come as RuntimeError / DistError / TimeoutError
             took = time.monotonic() - t0
             raise _failure(self.owner.groups, self.group, self.link, self.direction, self.send, took, bound, e) from e
 
+    def _stalled(self, waited_s: float) -> None:
+        self.owner.stalled(self, waited_s)
+
     def is_completed(self) -> bool:
         return bool(self.work.is_completed())
+
+    def device_ops(self) -> list[DeviceOp]:
+        return [self.op] if self.op is not None else []
 
 
 class LinkTransport(TorchTransport):
@@ -471,9 +488,36 @@ class LinkTransport(TorchTransport):
         if world is None:
             raise RuntimeError("LinkTransport needs an initialised torch.distributed (no default process group)")
         self._group_name = world.group_name
+        self._stalls: dict[tuple[int, str], tuple[PairGroup, LinkFailedError]] = {}
+        self._stall_lock = threading.Lock()
 
     def set_step(self, step: int) -> None:
         self.groups.set_step(step)
+
+    def stalled(self, handle: _LinkHandle, waited_s: float) -> None:
+        """From the watch's thread: ``handle``'s op outlasted its bound on the device. The link's
+        group is torn down (its queued ops end, so the device queue moves again) and the error is
+        the next wait's or issue's on that (link, direction) (raised by the training thread)."""
+        op = "send to" if handle.send else "receive from"
+        peer = handle.link + 1 if handle.group.index == 0 else handle.link
+        why = f"not completed on the device within {waited_s:.3g} s"
+        err = LinkFailedError(
+            handle.link,
+            handle.direction,
+            f"{self.groups.where()}: {op} stage {peer} on link {handle.link} ({handle.direction}) stalled on the "
+            f"link's default path: {why} (its consumer may already be queued behind it on the device)",
+        )
+        with self._stall_lock:
+            self._stalls.setdefault((handle.link, handle.direction), (handle.group, err))
+        logger.warning("titan_morph: %s", err)
+        handle.group.break_(f"stalled: {why}")
+
+    def raise_stall(self, link: int, direction: str) -> None:
+        """Raise the stall the watch found on ``(link, direction)``'s current group, if any (the
+        training thread; a group made since, by a probe, starts clean)."""
+        found = self._stalls.get((link, direction))
+        if found is not None and found[0] is self.groups.group(link).group(direction):
+            raise found[1]
 
     def batch_p2p(self, ops: list[dist.P2POp], desc: str | None = None) -> list[Handle]:
         mine = [op for op in ops if op.group.group_name == self._group_name]
@@ -481,6 +525,7 @@ class LinkTransport(TorchTransport):
         handles: list[Handle] = super().batch_p2p(others, desc) if others else []
         for op in mine:
             lo = classify_op(op, self.stage, self.num_stages)
+            self.raise_stall(lo.link, lo.direction)
             group = self.groups.group(lo.link).group(lo.direction)
             try:
                 work = group.send(op.tensor) if lo.is_send else group.recv(op.tensor)

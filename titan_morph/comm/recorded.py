@@ -13,22 +13,24 @@ began waiting and ``completed`` = that wait returned. ``arrived`` stays None: gl
 receive before its wait. A monitor therefore gets an exact delivery sample only from a receive the
 consumer was already blocked on when the data came; other receives bound the delay from above.
 
-On NCCL a bounded wait polls the work's completion (:class:`~titan_morph.comm.transport.TorchHandle`),
-so ``completed`` is when the data was usable on this device, and a send from CUDA tensors also
-gets ``ready``: when its payload was ready on the sender's device
+On NCCL a bounded wait is stream-ordered and returns at once (:class:`~titan_morph.comm.transport.TorchHandle`);
+``completed`` is then when the device watch saw the operation complete, i.e. when the data was
+usable on this device, and a send from CUDA tensors also gets ``ready``: when its payload was ready
+on the sender's device
 (:mod:`titan_morph.comm.machine.stamps`), so a busy sender queue is not read as a slow link.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 import torch.distributed as dist
 
 from titan_morph.comm.machine.stamps import DeviceStamps, ReadyStamp
 from titan_morph.comm.records import CommTimeoutError, MessageBook, MessageRecord
-from titan_morph.comm.transport import DefaultPathOnly, Handle, Transport, group_by_link
-from titan_morph.comm.waits import on_nccl
+from titan_morph.comm.transport import DefaultPathOnly, DeviceOrdered, Handle, Transport, group_by_link
+from titan_morph.comm.waits import DeviceOp, on_nccl
 
 __all__ = ["RecordedTransport"]
 
@@ -65,13 +67,30 @@ class _Handle:
                 f"{self.owner.where()}: {op} stage {rec.peer_stage} on link {rec.link} ({rec.direction}), message "
                 f"{rec.seq} of step {rec.step}, failed after {time.monotonic() - t0:.3g} s: {cause}"
             ) from e
-        if rec.completed is None:
+        on_device = self.device_ops()
+        if on_device and rec.completed is None:  # NCCL: completed once the device ran them (stamped by the watch)
+            left = [len(on_device)]
+            lock = threading.Lock()
+
+            def landed(t: float) -> None:
+                with lock:
+                    left[0] -= 1
+                    if left[0] == 0 and rec.completed is None:
+                        rec.completed = (t - self.owner.epoch) * 1e3
+                        rec.status = "done"
+
+            for device_op in on_device:
+                device_op.when_landed(landed)
+        elif rec.completed is None:
             rec.completed = self.owner.now_ms()
             rec.status = "done"
         return True
 
     def is_completed(self) -> bool:
         return self.record.completed is not None
+
+    def device_ops(self) -> list[DeviceOp]:
+        return [op for w in self.works if isinstance(w, DeviceOrdered) for op in w.device_ops()]
 
 
 class RecordedTransport(DefaultPathOnly, MessageBook, Transport):

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import torch.distributed as dist
 from torch.distributed.pipelining import schedules as _schedules
 
-from titan_morph.comm.transport import P2P, Handle
+from titan_morph.comm.transport import P2P, Handle, on_own_rank
 
 # Module-level: torch's _batch_p2p is one attribute of the process, so what swapped it is too.
 _lock = threading.Lock()
@@ -37,7 +37,8 @@ def _routed_batch_p2p(p2p_ops: list[dist.P2POp], desc: str | None = None) -> lis
     transport = _active
     if transport is None:  # only reachable if someone captured this function and calls it later
         raise RuntimeError("titan_morph routed _batch_p2p called outside use_transport()")
-    return transport.batch_p2p(list(p2p_ops), desc=desc)
+    ops, local = on_own_rank(p2p_ops)  # torch 2.11's warm-up of a V's same-rank neighbour
+    return local + transport.batch_p2p(ops, desc=desc)
 
 
 # a mark on our own function: transport.py refuses to capture it as torch's at import

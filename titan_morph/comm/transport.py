@@ -20,11 +20,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import schedules as _schedules
 
 from titan_morph.comm.records import CommTimeoutError, MessageRecord
-from titan_morph.comm.waits import on_nccl, poll_until
+from titan_morph.comm.waits import DeviceOp, on_nccl, stream_wait
 from titan_morph.pipelining.links import LinkModel
 
 # torch's own implementation, captured before anyone (use_transport) swaps the module attribute.
@@ -139,33 +140,71 @@ class Transport(P2P, Protocol):
         ...
 
 
+@runtime_checkable
+class DeviceOrdered(Protocol):
+    """A handle whose ``wait`` may return before its operations ran: on NCCL it orders the current
+    stream after them (:mod:`titan_morph.comm.waits`). A path that stamps deliveries, or re-issues
+    traffic after a failure, asks their :class:`~titan_morph.comm.waits.DeviceOp` when (whether) the
+    data really arrived."""
+
+    def device_ops(self) -> list[DeviceOp]:
+        """This handle's operations on the device's queue (empty where ``wait`` returns with the data)."""
+        ...
+
+
 class TorchHandle:
     """Adapts a ``dist.Work`` to :class:`Handle` (timeout in seconds instead of a timedelta).
 
     Note: on gloo a receive wait that times out closes the pair to the peer, so a timeout here is
-    terminal for that peer, never a poll. On NCCL (``poll``) a bounded wait polls completion
-    instead (:mod:`titan_morph.comm.waits`): NCCL's own bounded wait would block the host and abort
-    the communicator itself.
+    terminal for that peer, never a poll. On NCCL (``device``) a bounded wait is stream-ordered and
+    the operation is watched off the host (:func:`~titan_morph.comm.waits.stream_wait`): one that
+    outlasts the bound is an error of the next bounded wait (``stalls``: where it is kept).
     """
 
-    __slots__ = ("work", "ops", "poll")
+    __slots__ = ("work", "ops", "op", "stalls")
     record = None
     due_s = None
 
-    def __init__(self, work: dist.Work, ops: Sequence[dist.P2POp] = (), poll: bool = False) -> None:
-        self.work, self.ops, self.poll = work, ops, poll
+    def __init__(
+        self, work: dist.Work, ops: Sequence[dist.P2POp] = (), device: bool = False, stalls: Stalls | None = None
+    ) -> None:
+        self.work, self.ops, self.stalls = work, ops, stalls if stalls is not None else Stalls()
+        self.op = DeviceOp(work) if device else None
 
     def wait(self, timeout: float | None = None) -> bool:
         if timeout is None:
             return bool(self.work.wait())
-        if self.poll:
-            if not poll_until(self.work.is_completed, time.monotonic() + timeout):
-                raise CommTimeoutError(f"point-to-point operation not completed within {timeout:.3g} s")
-            return bool(self.work.wait())  # complete: raises its error, or orders the current stream after it
+        if self.op is not None:
+            self.stalls.check()
+            stream_wait(self.op, timeout, self._stalled)
+            return True
         return bool(self.work.wait(datetime.timedelta(seconds=max(0.0, timeout))))
+
+    def _stalled(self, waited_s: float) -> None:
+        self.stalls.add(
+            CommTimeoutError(f"point-to-point operation not completed on the device within {waited_s:.3g} s")
+        )
 
     def is_completed(self) -> bool:
         return bool(self.work.is_completed())
+
+    def device_ops(self) -> list[DeviceOp]:
+        return [self.op] if self.op is not None else []
+
+
+class Stalls:
+    """Operations found stalled on the device by the watch's thread, raised by the training thread's
+    next call (the first one; the others are the same failure seen again)."""
+
+    def __init__(self) -> None:
+        self._errors: list[BaseException] = []
+
+    def add(self, error: BaseException) -> None:
+        self._errors.append(error)
+
+    def check(self) -> None:
+        if self._errors:
+            raise self._errors[0]
 
 
 class DefaultPathOnly:
@@ -201,6 +240,7 @@ class TorchTransport(DefaultPathOnly, Transport):
 
     def __init__(self, epoch: float | None = None) -> None:
         self.epoch = time.monotonic() if epoch is None else float(epoch)
+        self.stalls = Stalls()
 
     def now_ms(self) -> float:
         return (time.monotonic() - self.epoch) * 1e3
@@ -213,11 +253,13 @@ class TorchTransport(DefaultPathOnly, Transport):
 
     def batch_p2p(self, ops: list[dist.P2POp], desc: str | None = None) -> list[Handle]:
         ops = list(ops)
+        self.stalls.check()
         works = _torch_batch_p2p(ops, desc=desc)
-        poll = bool(ops) and on_nccl(ops[0].group)
+        device = bool(ops) and on_nccl(ops[0].group)
         if len(works) == len(ops):
-            return [TorchHandle(w, (op,), poll) for w, op in zip(works, ops)]
-        return [TorchHandle(w, ops if i == 0 else (), poll) for i, w in enumerate(works)]  # coalesced (NCCL)
+            return [TorchHandle(w, (op,), device, self.stalls) for w, op in zip(works, ops)]
+        # coalesced (NCCL)
+        return [TorchHandle(w, ops if i == 0 else (), device, self.stalls) for i, w in enumerate(works)]
 
     def records(self) -> list[MessageRecord]:
         return []
@@ -290,3 +332,40 @@ def group_by_link(
         lo = classify_op(op, stage, num_stages)
         out.setdefault((lo.link, lo.direction, lo.is_send), []).append(op)
     return out
+
+
+class LocalHandle:
+    """Ops between a rank and itself, done when issued (:func:`on_own_rank`)."""
+
+    record = None
+    due_s = None
+
+    def __init__(self, ops: Sequence[dist.P2POp]) -> None:
+        self.ops = ops
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def on_own_rank(ops: Sequence[dist.P2POp]) -> tuple[list[dist.P2POp], list[Handle]]:
+    """Take the ops whose peer is this very rank out of ``ops``: torch 2.11's schedules warm P2P up
+    before the first step with a dummy to each neighbour stage, and in a V a stage's neighbour runs on
+    its own rank. Such an op crosses no link: each receive from this rank gets the tensor of the send
+    to it issued in the same call, in order. Returns the other ops and one handle of the local ones."""
+    own = {id(op) for op in ops if op.group_peer == dist.get_rank(op.group)}
+    if not own:
+        return list(ops), []
+    sends = [op for op in ops if id(op) in own and is_send(op)]
+    recvs = [op for op in ops if id(op) in own and not is_send(op)]
+    if len(sends) != len(recvs):
+        raise ValueError(
+            f"{len(sends)} sends to this rank itself but {len(recvs)} receives from it in one batch_p2p call: "
+            "a P2P op with one's own rank crosses no link, and must be paired within the call"
+        )
+    with torch.no_grad():
+        for send, recv in zip(sends, recvs):
+            recv.tensor.copy_(send.tensor)
+    return [op for op in ops if id(op) not in own], [LocalHandle([op for op in ops if id(op) in own])]

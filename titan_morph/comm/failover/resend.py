@@ -9,6 +9,7 @@ carry the same sequence on the new path.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -20,9 +21,11 @@ from titan_morph.comm.failover.router import PATH_ERRORS, Router
 from titan_morph.comm.failover.stall import StallWatch
 from titan_morph.comm.pairs import LinkFailedError
 from titan_morph.comm.records import CommTimeoutError, MessageRecord
-from titan_morph.comm.transport import Handle
+from titan_morph.comm.transport import DeviceOrdered, Handle
 
 __all__ = ["Message", "Recv", "Resender"]
+
+logger = logging.getLogger(__name__)
 
 SETTLE_S = 0.05  # how long a receive on a failed path may take to show it is complete
 
@@ -96,11 +99,16 @@ class Recv(Message):
         return super().wait(timeout)
 
     def settle(self) -> bool:
-        """Whether this receive's data is already here on its (failed) path, without waiting for it."""
-        if self.done:
-            return True
+        """Whether this receive's data is already here on its (failed) path, without waiting for it:
+        on the device's queue (NCCL, whose waits return at once), once the device ran the receive."""
         if not self.issued.is_set():
             return False
+        on_device = [op for h in self.inner if isinstance(h, DeviceOrdered) for op in h.device_ops()]
+        if on_device:
+            self.done = all(op.landed() for op in on_device)
+            return self.done
+        if self.done:
+            return True
         try:
             for h in self.inner:
                 h.wait(SETTLE_S)
@@ -219,7 +227,10 @@ class Resender:
             if r.step < step:
                 continue
             first = self.stalls.posted(key, new, gen, len(r.ops))
-            if r.settle():
+            consumed = r.done
+            if not r.settle() and consumed:
+                self._unreplayable(key, r)
+            if r.done:
                 scratch = [torch.empty_like(op.tensor) for op in r.ops]
                 ops = [dist.P2POp(dist.irecv, t, r.ops[0].group_peer, r.ops[0].group) for t in scratch]
                 self._discards.setdefault(key, deque()).append((r, transport.batch_p2p(ops), scratch, new, gen, first))
@@ -228,6 +239,24 @@ class Resender:
                     if h.record is not None:
                         h.record.status = "error"
                 r.carry(transport.batch_p2p(r.ops), new, gen, first)
+
+    def _unreplayable(self, key: tuple[int, str], r: Recv) -> None:
+        """``r`` was handed to the device (NCCL: a stream-ordered wait) and had not run there when its
+        path failed: the work queued behind it reads its buffer once the failed group's operations end,
+        before any re-sent copy could land. The link is lost for this run (caller holds the lock);
+        the discard posted for ``r`` keeps both ends counting the same messages meanwhile."""
+        link, d = key
+        router = self.router
+        err = LinkFailedError(
+            link,
+            d,
+            f"{router.where()}: the receive of step {r.step} on link {link} ({d}) from stage "
+            f"{link if d == 'fwd' else link + 1} was handed to the device before the link's default path failed, "
+            "and had not run there: the work queued behind it reads its buffer, so it cannot be replayed",
+        )
+        router.fatal.setdefault(link, err)
+        logger.error("titan_morph: %s", err)
+        r.done = True  # its data is lost, not awaited: a discard takes the re-sent copy
 
     def drain_discards(self, key: tuple[int, str], upto: Recv | None) -> None:
         """Consume the discarded copies posted for receives before ``upto`` (all of them when None)."""
