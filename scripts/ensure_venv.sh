@@ -18,8 +18,14 @@
 # titan_morph editable without its 0.2.2 pin (--no-deps) plus its other requirements and the dev
 # tools, read from pyproject.toml; torch is held at the installed version throughout.
 #
+# DEVICE_KIT=<folder of wheels> (scripts/device_kit.sh's .device-kit): a machine that reaches no
+# package registry and whose PYTHON already has torch (the lent GPU machine). The venv is made with
+# PYTHON's packages visible (--system-site-packages, plus PYTHON's own site-packages when PYTHON is
+# itself a venv's: its torch and its pip), torch is never installed (PYTHON's must be in the range),
+# and the kit and titan_morph (editable) are installed from the folder alone (--no-index --no-deps).
+#
 # Inputs (env): VENV (default: <repo>/.venv), PYTHON (interpreter used to create it; default
-# python3), TORCH_SPEC, TORCH_CPU_INDEX_URL, TORCHTITAN (unset, or 0.3.0).
+# python3), TORCH_SPEC, TORCH_CPU_INDEX_URL, TORCHTITAN (unset, or 0.3.0), DEVICE_KIT.
 # Outputs: VENV (absolute), VENV_PY (its python).
 
 TM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,9 +41,25 @@ else
 fi
 PYTHON="${PYTHON:-python3}"
 
+tm_kit="${DEVICE_KIT:-}"
+if [ -n "$tm_kit" ]; then
+    [ -n "$tm_titan" ] && { echo "error: DEVICE_KIT: the device kit is TorchTitan 0.2.2's; unset TORCHTITAN" >&2; exit 2; }
+    compgen -G "$tm_kit/*.whl" >/dev/null \
+        || { echo "error: DEVICE_KIT: no wheels in '$tm_kit': run scripts/device_kit.sh where a registry is reachable" >&2; exit 2; }
+    tm_kit="$(cd "$tm_kit" && pwd)"
+fi
 if [ ! -x "$VENV/bin/python" ]; then
     echo "[setup] creating virtual environment $VENV" >&2
-    "$PYTHON" -m venv "$VENV" || { echo "[setup] could not create $VENV with $PYTHON" >&2; exit 1; }
+    if [ -n "$tm_kit" ]; then
+        # no ensurepip needed: PYTHON's pip is seen through its site-packages, as its torch is
+        "$PYTHON" -m venv --without-pip --system-site-packages "$VENV" \
+            || { echo "[setup] could not create $VENV with $PYTHON" >&2; exit 1; }
+        # PYTHON's own packages (torch, pip): its site-packages, also when PYTHON is itself a venv's
+        "$PYTHON" -c 'import sysconfig; p = sysconfig.get_paths(); print(*dict.fromkeys([p["purelib"], p["platlib"]]), sep="\n")' \
+            > "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_titan_morph_base.pth"
+    else
+        "$PYTHON" -m venv "$VENV" || { echo "[setup] could not create $VENV with $PYTHON" >&2; exit 1; }
+    fi
 fi
 VENV="$(cd "$VENV" && pwd)"
 VENV_PY="$VENV/bin/python"
@@ -63,15 +85,28 @@ sys.exit(0 if Requirement(sys.argv[1]).specifier.contains(installed, prereleases
 EOF
 }
 
-tm_setup_key() {  # pyproject.toml + Python version + installed torch version; sets tm_torch_version
+tm_setup_key() {  # pyproject.toml + Python version + installed torch version (+ the kit); sets tm_torch_version
     tm_torch_version="$("$VENV_PY" -c 'from importlib.metadata import version; print(version("torch"))' 2>/dev/null || true)"
-    { cat "$TM_ROOT/pyproject.toml"; "$VENV_PY" -c 'import sys; print(sys.version)'; echo "$tm_torch_version$tm_titan"; } \
-        | sha256sum | cut -c1-32
+    { cat "$TM_ROOT/pyproject.toml"; "$VENV_PY" -c 'import sys; print(sys.version)'; echo "$tm_torch_version$tm_titan"
+      [ -n "$tm_kit" ] && ls "$tm_kit"; } | sha256sum | cut -c1-32
 }
 
 tm_stamp="$VENV/.titan_morph-setup"
 tm_key="$(tm_setup_key)"
 tm_torch_version="$("$VENV_PY" -c 'from importlib.metadata import version; print(version("torch"))' 2>/dev/null || true)"
+if [ -n "$tm_kit" ] && [ "$(cat "$tm_stamp" 2>/dev/null)" != "$tm_key" ]; then
+    tm_torch_in_range || {
+        echo "error: DEVICE_KIT: torch ${tm_torch_version:-(none)} of $PYTHON is not in $tm_torch_range, and nothing is installed from a registry here" >&2
+        exit 2
+    }
+    echo "[setup] keeping torch $tm_torch_version; installing the device kit and titan_morph from $tm_kit into $VENV" >&2
+    "$VENV_PY" -m pip install --quiet --no-index --no-deps --no-compile --find-links "$tm_kit" "$tm_kit"/*.whl \
+        || { echo "[setup] installing the device kit failed" >&2; exit 1; }
+    "$VENV_PY" -m pip install --quiet --no-index --no-deps --no-build-isolation -e "$TM_ROOT" 2>/dev/null \
+        || "$VENV_PY" -c 'import sys, sysconfig; open(sysconfig.get_paths()["purelib"] + "/_titan_morph_src.pth", "w").write(sys.argv[1] + "\n")' "$TM_ROOT" \
+        || { echo "[setup] installing titan_morph failed" >&2; exit 1; }
+    echo "$tm_key" > "$tm_stamp"
+fi
 if [ "$(cat "$tm_stamp" 2>/dev/null)" != "$tm_key" ]; then
     if tm_torch_in_range; then
         echo "[setup] keeping torch $tm_torch_version (in $tm_torch_range)" >&2
@@ -82,6 +117,12 @@ if [ "$(cat "$tm_stamp" 2>/dev/null)" != "$tm_key" ]; then
         if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
             echo "[setup] installing $tm_spec (CUDA machine) into $VENV" >&2
             "$VENV_PY" -m pip install --quiet "$tm_spec" || { echo "[setup] torch installation failed" >&2; exit 1; }
+            # pip prefers a local CPU wheel of the same version (2.13.0+cpu > 2.13.0) where find-links offers one
+            "$VENV_PY" -c 'import sys, torch; sys.exit(0 if torch.version.cuda or torch.version.hip else 1)' || {
+                echo "error: TORCH_SPEC: pip installed a CPU build of $tm_spec on a machine with CUDA (a local wheel?):" \
+                    "name a CUDA build (e.g. TORCH_SPEC=torch==2.13.0+cu130 with its index in PIP_EXTRA_INDEX_URL)" >&2
+                exit 1
+            }
         elif [ -n "$tm_titan" ]; then
             # a CPU build where one is reachable (local wheels, then the CPU index, tried once); else the
             # configured index's build, which runs on CPU too
@@ -123,5 +164,5 @@ for req in [*project["dependencies"], *project["optional-dependencies"]["dev"]]:
     fi
     echo "$tm_key" > "$tm_stamp"
 fi
-unset tm_stamp tm_key tm_spec tm_torch_range tm_torch_version tm_titan
+unset tm_stamp tm_key tm_spec tm_torch_range tm_torch_version tm_titan tm_kit
 unset -f tm_torch_in_range tm_setup_key
