@@ -1,6 +1,6 @@
 """The delegates' CUDA paths on fakes (no GPU): portable, checked host registration; the reader
 thread on the rank's device and surviving its own errors; copies drained before unmapping; the
-/dev/shm check before any rank starts."""
+/dev/shm check before any rank starts; a refused device copy named, of its own type."""
 
 from __future__ import annotations
 
@@ -214,24 +214,40 @@ def test_the_shm_check_names_the_size_and_how_to_raise_it(monkeypatch, capsys) -
     assert code == 2 and len(err) == 1 and err[0].startswith("error: [morph] transport = 'delegate'")
 
 
-def test_a_failed_device_copy_names_rank_link_and_message_and_leaves_the_slot(monkeypatch) -> None:
+def _illegal_access(*args, **kwargs):
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def _copy_from_meta(*args, **kwargs):
+    torch.empty(4).copy_(torch.empty(4, device="meta"))  # torch's own refusal: NotImplementedError
+
+
+@pytest.mark.parametrize(
+    "copy, kind, words",
+    [
+        (_illegal_access, RuntimeError, "CUDA error: an illegal memory access"),
+        (_copy_from_meta, NotImplementedError, "meta"),
+    ],
+    ids=["cuda-error", "meta-tensor"],
+)
+def test_a_failed_device_copy_names_rank_link_and_message_keeps_its_type_and_leaves_the_slot(
+    monkeypatch, copy, kind, words
+) -> None:
     from titan_morph.comm.records import MessageRecord
 
-    def boom(*args, **kwargs):
-        raise RuntimeError("CUDA error: an illegal memory access was encountered")
-
-    monkeypatch.setattr(SlotPath, "_cuda_pack", boom)
+    monkeypatch.setattr(SlotPath, "_cuda_pack", copy)
     dg = DelegateEnd(0, "fwd", 0, True, f"titan_morph_test_cp{os.getpid()}_", 1, 0)
     path = SlotPath(_clock(), SimpleNamespace(check=lambda dg: None), 2, torch.device("cpu"))  # type: ignore[arg-type]
     tensor = SimpleNamespace(is_cuda=True, numel=lambda: 4, element_size=lambda: 4)
     rec = MessageRecord("send", 0, "fwd", 7, 16, 1, 1, issued=0.0)
     try:
         with pytest.raises(
-            RuntimeError,
+            kind,
             match=r"stage 0 \(rank 0\): send delegate #0 of link 0 \(fwd, peer stage 1\): device→host copy of "
-            r"message 7 into slot 0 .* failed: CUDA error: an illegal memory access",
-        ):
+            rf"message 7 into slot 0 .* failed: .*{words}",
+        ) as err:
             path.put(dg, 0, [SimpleNamespace(tensor=tensor)], rec)  # type: ignore[list-item]
+        assert type(err.value) is kind  # a caller still catches what torch raised
         assert dg.cursor == {0: 0} and path.copies_pending() == 0  # the slot is as it was
     finally:
         for seg in dg.segments.values():
@@ -239,3 +255,17 @@ def test_a_failed_device_copy_names_rank_link_and_message_and_leaves_the_slot(mo
             seg.unlink()
         for fd in (dg.cmd_r, dg.cmd_w, dg.out_r, dg.out_w):
             os.close(fd)
+
+
+def test_locate_keeps_the_exception_and_its_other_arguments() -> None:
+    from titan_morph.comm.delegate.slots import _locate
+
+    err = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 MiB")
+    _locate(err, "stage 1 (rank 1): receive delegate #0 of link 0")
+    assert type(err) is torch.OutOfMemoryError
+    assert (
+        str(err) == "stage 1 (rank 1): receive delegate #0 of link 0: CUDA out of memory. Tried to allocate 64.00 MiB"
+    )
+    pair = RuntimeError("first", 2)
+    _locate(pair, "here")
+    assert pair.args == ("here: first", 2)
