@@ -88,7 +88,7 @@ EOF
 tm_setup_key() {  # pyproject.toml + Python version + installed torch version (+ the kit); sets tm_torch_version
     tm_torch_version="$("$VENV_PY" -c 'from importlib.metadata import version; print(version("torch"))' 2>/dev/null || true)"
     { cat "$TM_ROOT/pyproject.toml"; "$VENV_PY" -c 'import sys; print(sys.version)'; echo "$tm_torch_version$tm_titan"
-      [ -n "$tm_kit" ] && ls "$tm_kit"; } | sha256sum | cut -c1-32
+      if [ -n "$tm_kit" ]; then ls "$tm_kit"; fi; } | sha256sum | cut -c1-32
 }
 
 tm_stamp="$VENV/.titan_morph-setup"
