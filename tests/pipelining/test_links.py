@@ -29,8 +29,8 @@ def test_random_delays_same_value_whatever_the_query_order() -> None:
 
 
 def test_random_delays_memory_is_bounded_over_a_long_run() -> None:
-    """Four hours, one question every 10 s: the model keeps a window of change points, not the run
-    (~1e5 of them here)."""
+    """Four hours, one question every 10 s: the model keeps two windows of change points, not the
+    run (~1e5 of them here)."""
     model = _model()
     early = [model.delay_ms(0, "fwd", t) for t in (0.0, 1_000.0, 50_000.0)]
     model.delay_ms(0, "fwd", 600_000.0)  # fill the window once
@@ -43,7 +43,34 @@ def test_random_delays_memory_is_bounded_over_a_long_run() -> None:
     finally:
         tracemalloc.stop()
     assert grown < 200_000, f"the model grew {grown} bytes over the run"
-    assert [model.delay_ms(0, "fwd", t) for t in (0.0, 1_000.0, 50_000.0)] == early  # replayed from the seed
+    assert [model.delay_ms(0, "fwd", t) for t in (0.0, 1_000.0, 50_000.0)] == early  # drawn again from the seed
+
+
+def test_random_delays_answer_an_old_time_with_one_window_of_draws() -> None:
+    """A time ten hours back costs the draws of its window, not of the run before it; the newest
+    window stays held for the transports while the old one is asked about."""
+    model = _model()
+    changes = model.window_ms / model.interval[0]  # the most a window can hold
+    late = model.delay_ms(1, "fwd", 36_000_000.0)
+    assert model.held(1) <= changes
+    old = [model.delay_ms(1, "fwd", t) for t in (1_000.0, 1_500.0, 60_000.0)]
+    assert model.held(1) <= 2 * changes
+    assert model.delay_ms(1, "fwd", 36_000_000.0) == late and model.held(1) <= 2 * changes
+    assert old == [_model().delay_ms(1, "fwd", t) for t in (1_000.0, 1_500.0, 60_000.0)]
+
+
+def test_random_delays_first_window_is_the_links_seed_stream() -> None:
+    """Within the first window a link's changes are the draws of its (seed, link) stream in one
+    order -- interval, then delay -- the stream a run shorter than a window has always seen."""
+    model = _model()
+    rng = random.Random("7:2")
+    at, delay, expect = 0.0, max(0.0, rng.gauss(30.0, 10.0)), []
+    while at < model.window_ms:
+        expect.append((at, delay))
+        at, delay = at + rng.uniform(100.0, 200.0), max(0.0, rng.gauss(30.0, 10.0))
+    for (start, value), (end, _) in zip(expect, expect[1:]):
+        assert model.delay_ms(2, "bwd", start) == value and model.delay_ms(2, "fwd", (start + end) / 2) == value
+    assert model.delay_ms(2, "fwd", model.window_ms) != expect[-1][1]  # the next window draws afresh
 
 
 def test_random_delays_inactive_links_have_no_delay() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from titan_morph.pipelining.links import RandomDelays, StaticDelays
 from titan_morph.pipelining.model import CostModel
-from titan_morph.runtime.summary import StepHistory, StepPoint, phases, summary_lines, zbh2_ms
+from titan_morph.runtime.summary import SIMULATED, StepHistory, StepPoint, StepSample, summary_lines, zbh2_ms
 
 MODEL = CostModel.uniform(4, 24, 10.0, 10.0, 10.0)
 
@@ -25,22 +25,43 @@ def _run() -> list[StepPoint]:
     return points
 
 
+def _history(points: list[StepPoint], window: tuple[int, int] | None, **kw: int) -> StepHistory:
+    history = StepHistory(window, **kw)
+    for p in points:
+        history.append(p)
+    return history
+
+
+def _steps(sample: StepSample) -> list[int]:
+    return [s for s, _ in sample.starts(len(sample))]
+
+
 def test_phases_follow_the_injection_window_and_skip_the_warm_up() -> None:
-    parts = phases(_run(), (4, 7))
-    assert [p.step for p in parts["before"]] == [2, 3]
-    assert [p.step for p in parts["during"]] == [4, 5, 6, 7]
-    assert [p.step for p in parts["after"]] == [8, 9, 10]
-    assert [p.step for p in phases(_run(), None)["during"]] == [4, 5, 6, 7]  # the monitor's slow steps
+    parts = _history(_run(), (4, 7)).phases()
+    assert _steps(parts["before"]) == [2, 3]
+    assert _steps(parts["during"]) == [4, 5, 6, 7] and _steps(parts["adapted"]) == [6, 7]
+    assert _steps(parts["after"]) == [8, 9, 10]
+    monitored = _history(_run(), None).phases()  # the monitor's slow steps
+    assert {name: _steps(s) for name, s in monitored.items()} == {name: _steps(s) for name, s in parts.items()}
+
+
+def test_monitor_phases_take_a_healthy_step_between_two_slow_ones_as_during() -> None:
+    points = [StepPoint(s, 700.0 + s, (1,) if s in (4, 7) else (), (), "b" if s >= 6 else "a") for s in range(1, 10)]
+    parts = _history(points, None).phases()
+    assert _steps(parts["before"]) == [2, 3] and _steps(parts["during"]) == [4, 5, 6, 7]
+    assert _steps(parts["adapted"]) == [6, 7] and _steps(parts["after"]) == [8, 9]
+    assert parts["during"].first == 4 and parts["during"].last == 7 and parts["during"].count == 4
 
 
 def test_summary_compares_with_zbh2_under_the_same_delays() -> None:
     links = StaticDelays((0.0, 0.0, 60.0))
-    lines = summary_lines(_run(), window=(4, 7), model=MODEL, links=links, depth=2, decisions=1, schedule="PipeMorph")
+    history = _history(_run(), (4, 7))
+    lines = summary_lines(history, model=MODEL, links=links, depth=2, decisions=1, schedule="PipeMorph")
     assert "ZB-H2 from the simulator" in lines[0]
     during = next(line for line in lines if line.lstrip().startswith("during"))
-    zbh2 = zbh2_ms(MODEL, links, 2, [p for p in _run() if 4 <= p.step <= 7])
+    zbh2 = zbh2_ms(MODEL, links, 2, [(p.step, p.start_ms) for p in _run() if 4 <= p.step <= 7])
     assert zbh2 is not None and zbh2 > 1.5 * 860.0  # ZB-H2 does not absorb 60 ms on the last link
-    assert f"{zbh2:.0f} ms ({zbh2 / 860.0:.2f}x)" in during
+    assert "steps   4-7" in during and f"{zbh2:.0f} ms ({zbh2 / 860.0:.2f}x)" in during
     adapted = next(line for line in lines if line.lstrip().startswith("adapted"))
     assert "820 ms" in adapted and "delegated links [2]" in adapted
     # no schedule beats 30 + 60 ms to the last rank plus its 24 x 30 ms of work
@@ -51,15 +72,16 @@ def test_summary_compares_with_zbh2_under_the_same_delays() -> None:
 def test_summary_simulates_each_step_from_its_own_start_under_time_keyed_delays() -> None:
     """Random stragglers are keyed by time: the same step started elsewhere meets other delays."""
     links = RandomDelays(3, 30.0, 10.0, (100.0, 200.0), seed=1)
-    starts = [StepPoint(5, 850.0, (), (), "p", start_ms=t) for t in (0.0, 4000.0, 9000.0)]
-    each = [zbh2_ms(MODEL, links, 2, [p]) for p in starts]
+    starts = [(5, t) for t in (0.0, 4000.0, 9000.0)]
+    each = [zbh2_ms(MODEL, links, 2, [s]) for s in starts]
     assert len(set(each)) == 3, each
     assert zbh2_ms(MODEL, links, 2, starts) == sorted(each)[1]  # the median of the three
 
 
 def test_summary_without_modelled_delays_has_no_baseline_column() -> None:
     """A link that really broke has no delay model: the simulated baseline would be meaningless."""
-    lines = summary_lines(_run(), window=(4, 7), model=MODEL, links=None, depth=2, decisions=0, schedule="PipeMorph")
+    history = _history(_run(), (4, 7))
+    lines = summary_lines(history, model=MODEL, links=None, depth=2, decisions=0, schedule="PipeMorph")
     assert lines[0] == "run summary (median pipeline time per step):"
     assert not any("ZB-H2" in line or "bound" in line for line in lines)
     assert any(line.lstrip().startswith("before") and "760 ms" in line for line in lines)
@@ -67,35 +89,47 @@ def test_summary_without_modelled_delays_has_no_baseline_column() -> None:
 
 @pytest.mark.parametrize("window", [None, (20, 30)])
 def test_no_straggler_is_one_line(window) -> None:
-    lines = summary_lines(_run()[:3], window=window, model=MODEL, links=None, depth=2, decisions=0, schedule="X")
+    history = _history(_run()[:3], window)
+    lines = summary_lines(history, model=MODEL, links=None, depth=2, decisions=0, schedule="X")
     assert lines == ["run summary: no straggler; median pipeline time 760 ms over 2 steps"]
 
 
-def test_step_history_gives_back_the_points_of_the_last_steps() -> None:
-    history = StepHistory(capacity=6)
-    points = [*_run(), StepPoint(11, None, (), (), "initial")]
-    for p in points:
-        history.append(p)
-    assert list(history) == points[-6:] and len(history) == 6
-    small = StepHistory()
-    for p in points[:3]:
-        small.append(p)
-    assert list(small) == points[:3]
-    with pytest.raises(ValueError, match="capacity"):
-        StepHistory(capacity=0)
+def test_a_sample_keeps_every_step_while_it_fits_then_a_doubling_stride() -> None:
+    sample = StepSample(cap=8)
+    for step in range(1, 7):
+        sample.add(StepPoint(step, float(step), (), (step % 3,), "p", start_ms=10.0 * step))
+    assert _steps(sample) == [1, 2, 3, 4, 5, 6] and sample.median_ms() == 3.5 and sample.delegated == {0, 1, 2}
+    for step in range(7, 81):
+        sample.add(StepPoint(step, float(step), (), (), "p"))
+    assert sample.count == 80 and (sample.first, sample.last) == (1, 80)
+    assert sample.stride == 16 and _steps(sample) == [16, 32, 48, 64, 80]
+    later = StepSample(cap=8)
+    for step in range(81, 90):
+        later.add(StepPoint(step, float(step), (), (), "p"))
+    sample.merge(later)
+    assert sample.count == 89 and sample.last == 89 and _steps(sample) == [16, 32, 48, 64, 80]
+    assert [s for s, _ in sample.starts(2)] == [32, 64]  # the simulator's share: a coarser stride
+    with pytest.raises(ValueError, match="cap"):
+        StepSample(cap=0)
 
 
-def test_step_history_memory_does_not_grow_with_the_run() -> None:
-    history = StepHistory(capacity=1000)
-    plans = ("initial", "adapted")
+def test_step_history_memory_and_exit_work_do_not_grow_with_the_run() -> None:
+    """Ten times the cap of steps, in and out of a straggler: every sample stays within its cap,
+    the memory flat after the first cap's steps, and the simulator's share within SIMULATED."""
+    cap = 500
+    history = StepHistory(None, cap=cap)
     tracemalloc.start()
     try:
-        for step in range(1, 50_001):
-            history.append(StepPoint(step, 700.0 + step % 13, (step // 1000 % 2,), (), plans[step // 5000 % 2]))
-            if step == 5_000:
+        for step in range(1, 10 * cap + 1):
+            slow = (1,) if 2_000 <= step <= 4_000 and step % 7 else ()
+            history.append(StepPoint(step, 700.0 + step % 13, slow, (1,) if slow else (), "ab"[step // 3_000 % 2]))
+            if step == 2 * cap:
                 base = tracemalloc.get_traced_memory()[0]
         grown = tracemalloc.get_traced_memory()[0] - base
     finally:
         tracemalloc.stop()
-    assert grown < 16_000, f"{grown} bytes over 45000 steps"
-    assert [p.step for p in history] == list(range(49_001, 50_001))
+    parts = history.phases()
+    assert all(len(s) <= cap and len(s.starts()) <= SIMULATED for s in parts.values())
+    assert parts["during"].first == 2_000 and parts["during"].last == 4_000
+    assert parts["after"].first == 4_001 and parts["after"].count == 10 * cap - 4_000
+    assert grown < 40_000, f"{grown} bytes over {8 * cap} steps"

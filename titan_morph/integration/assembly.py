@@ -563,6 +563,7 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
             monitor=monitor,
             device_clock=device_clock,
             exchange=exchange,
+            summary_window=morph.inject.window(req.settings.job.steps),
         )
 
     build_schedule.__doc__ = f"titan_morph's {family} plan in MorphSchedule."
@@ -581,13 +582,11 @@ def run_summary(settings: Settings, schedule: object) -> list[str]:
     times = morph.stage_times(stages) or (schedule.monitor.times.times() if schedule.monitor is not None else None)
     if times is None:
         return []
-    window = morph.inject.window(settings.job.steps)
     model = cost_model(
         morph, stages, plan_model.microbatches, memory=False, times=times, stages_per_rank=plan_model.stages_per_rank
     )
     return summary_lines(
-        list(schedule.history),
-        window=window,
+        schedule.history,
         model=model,
         links=schedule.transport.links,  # the delays the run had (per host pair with rank_links)
         depth=morph.link_queue_depth,

@@ -33,6 +33,7 @@ import bisect
 import csv
 import math
 import random
+from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -134,6 +135,39 @@ class StaticDelays(LinkModel):
         return (self.fwd if direction == "fwd" or self.bwd is None else self.bwd)[link]
 
 
+class _Window:
+    """One link's change points within one window of :class:`RandomDelays`: their times, delays
+    and rates (NaN: none drawn) in arrays, drawn lazily from the window's own streams."""
+
+    __slots__ = ("delays", "end", "index", "rates", "rng", "times")
+
+    def __init__(self, owner: RandomDelays, link: int, index: int) -> None:
+        tag = f"{owner.seed}:{link}" if index == 0 else f"{owner.seed}:{link}:{index}"
+        rate_tag = f"{owner.seed}:{link}:rate" if index == 0 else f"{owner.seed}:{link}:rate:{index}"
+        self.index = index
+        self.end = (index + 1) * owner.window_ms
+        self.rng = (random.Random(tag), random.Random(rate_tag))
+        self.times, self.delays, self.rates = array("d"), array("d"), array("d")
+        self._add(owner, index * owner.window_ms)
+
+    def _add(self, owner: RandomDelays, at: float) -> None:
+        delay, rate = owner._draw(self.rng)
+        self.times.append(at)
+        self.delays.append(delay)
+        self.rates.append(math.nan if rate is None else rate)
+
+    def at(self, owner: RandomDelays, t_ms: float) -> tuple[float, float | None]:
+        times = self.times
+        while times[-1] <= t_ms and times[-1] < self.end:  # extend lazily, in the one order of draws
+            self._add(owner, times[-1] + self.rng[0].uniform(*owner.interval))
+        k = max(0, bisect.bisect_right(times, t_ms) - 1)
+        rate = self.rates[k]
+        return self.delays[k], None if math.isnan(rate) else rate
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+
 @dataclass
 class RandomDelays(LinkModel):
     """Paper §7.2 dynamic stragglers: each link's delay ~ N(mean, std) ms (clipped at 0),
@@ -142,12 +176,15 @@ class RandomDelays(LinkModel):
     With ``rates = (low, high)`` Mbit/s a straggling link's rate ~ U(low, high) is re-drawn with
     its delay, from a stream of its own (the delays are those of the same seed without rates).
 
-    Memory is bounded however long the run: each link keeps its last :attr:`KEEP` change points
-    (the transports and the simulator ask about the last few seconds); an older time is answered by
-    replaying the link's draws from its seed, which gives the same value.
+    Any time is answered in constant time and bounded memory however long the run: time is cut
+    into windows of :attr:`WINDOW_CHANGES` mean intervals (:attr:`window_ms`), and window ``w``
+    draws from streams seeded by (seed, link, w), starting with a draw at its start. So a time,
+    however old, costs at most one window's draws, and a link holds two windows: the newest one
+    asked about (the transports' present) and one other (an old step the summary simulates).
+    The first window is the stream of (seed, link) alone.
     """
 
-    KEEP = 128  # change points kept per link (~20 s at the paper's 100-200 ms intervals)
+    WINDOW_CHANGES = 512  # mean intervals per window (~77 s at the paper's 100-200 ms)
 
     num_links: int
     mean: float
@@ -156,11 +193,7 @@ class RandomDelays(LinkModel):
     seed: int = 0
     links: tuple[int, ...] | None = None  # which links straggle; None = all
     rates: tuple[float, float] | None = None  # Mbit/s U(low, high) of the straggling links; None = not set
-    _change_times: list[list[float]] = field(default_factory=list, init=False, repr=False, compare=False)
-    _values: list[list[tuple[float, float | None]]] = field(default_factory=list, init=False, repr=False, compare=False)
-    _rngs: list[tuple[random.Random, random.Random]] = field(
-        default_factory=list, init=False, repr=False, compare=False
-    )
+    _windows: list[list[_Window | None]] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         low, high = self.interval
@@ -174,49 +207,38 @@ class RandomDelays(LinkModel):
         for link in active:
             if not 0 <= link < self.num_links:
                 raise ValueError(f"link {link} out of range 0..{self.num_links - 1}")
-        self._rngs = [self._rng(link) for link in range(self.num_links)]
-        self._change_times = [[0.0] for _ in range(self.num_links)]
-        self._values = [[self._draw(rng) if link in active else (0.0, None)] for link, rng in enumerate(self._rngs)]
         self._active = active
-
-    def _rng(self, link: int) -> tuple[random.Random, random.Random]:
-        """The link's streams: (intervals and delays, rates)."""
-        return random.Random(f"{self.seed}:{link}"), random.Random(f"{self.seed}:{link}:rate")
+        self.window_ms = self.WINDOW_CHANGES * (low + high) / 2.0
+        self._windows = [[None, None] for _ in range(self.num_links)]  # per link: [newest, other]
 
     def _draw(self, rng: tuple[random.Random, random.Random]) -> tuple[float, float | None]:
         """(delay, rate) of one change (no rate drawn when rates are not set)."""
         delay = max(0.0, rng[0].gauss(self.mean, self.std))
         return delay, None if self.rates is None else rng[1].uniform(*self.rates)
 
-    def _next_change(
-        self, rng: tuple[random.Random, random.Random], at: float
-    ) -> tuple[float, tuple[float, float | None]]:
-        """The change after the one at ``at``: its time and its values (the one order of draws)."""
-        return at + rng[0].uniform(*self.interval), self._draw(rng)
-
-    def _replay(self, link: int, t_ms: float) -> tuple[float, float | None]:
-        """The values at ``t_ms`` from the link's seed: the same draws, in the same order, as the cache."""
-        rng = self._rng(link)
-        at, value = 0.0, self._draw(rng)
-        while True:
-            nxt, new = self._next_change(rng, at)
-            if nxt > t_ms:
-                return value
-            at, value = nxt, new
+    def _window(self, link: int, index: int) -> _Window:
+        """The link's window ``index``: a held one, or drawn anew (it then replaces the newest when
+        it is later, else the other). Threads may race here: both draw the same values."""
+        slots = self._windows[link]
+        for win in slots:
+            if win is not None and win.index == index:
+                return win
+        win, newest = _Window(self, link, index), slots[0]
+        if newest is None or index > newest.index:
+            slots[0], slots[1] = win, newest
+        else:
+            slots[1] = win
+        return win
 
     def _at(self, link: int, t_ms: float) -> tuple[float, float | None]:
         if link not in self._active:
             return 0.0, None
-        times, values, rng = self._change_times[link], self._values[link], self._rngs[link]
-        if t_ms < times[0]:
-            return self._replay(link, t_ms)
-        while times[-1] <= t_ms:  # extend lazily; the draws depend only on seed and link
-            at, value = self._next_change(rng, times[-1])
-            times.append(at)
-            values.append(value)
-        if len(times) > 2 * self.KEEP:
-            del times[: -self.KEEP], values[: -self.KEEP]
-        return values[bisect.bisect_right(times, t_ms) - 1]
+        index = max(0, math.floor(t_ms / self.window_ms)) if math.isfinite(t_ms) else 0
+        return self._window(link, index).at(self, t_ms)
+
+    def held(self, link: int) -> int:
+        """Change points held for ``link`` (two windows' at most, whatever the run's length)."""
+        return sum(len(w) for w in self._windows[link] if w is not None)
 
     def delay_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
         _check_direction(direction)

@@ -103,6 +103,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
             given, CUDA events on a GPU stage, else host times).
         exchange: the per-step exchange (None: a :class:`StepExchange` over the pipeline's ranks;
             DP x PP passes one over the whole world, :class:`~titan_morph.runtime.hybrid.HybridExchange`).
+        summary_window: the injected straggler's first and last step, which the end-of-run summary's
+            phases follow (None: the steps the monitor holds a link slow; :class:`StepHistory`).
     """
 
     def __init__(
@@ -120,6 +122,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         device_clock: DeviceClock | None = None,
         exchange: StepExchange | None = None,
         op_timer: OpTimer | None = None,
+        summary_window: tuple[int, int] | None = None,
         **kwargs: Any,
     ) -> None:
         per_rank = plan.model.stages_per_rank
@@ -161,7 +164,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         # long run keeps only a few (their figures are in TensorBoard and the history below)
         self.records: deque[StepRecord] = deque(maxlen=RECORDS_KEPT)
         self.profiles: list[StepProfile] = []  # every stage's view of the last step (the exchange)
-        self.history = StepHistory()  # the last steps, for the end-of-run summary
+        self.history = StepHistory(summary_window)  # every step, by phase, for the end-of-run summary
         self.monitor_ms = 0.0  # the exchange and the monitor's work after the last step
         self._steps = 0
         self._current: StepRecord | None = None

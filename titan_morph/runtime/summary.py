@@ -1,13 +1,17 @@
 """The end-of-run summary: step time before, during and after a straggler, and what ZB-H2 would take.
 
-The schedule keeps one :class:`StepPoint` per step (the pipeline time from the per-step exchange and
-the monitor's view of the links) in a :class:`StepHistory`. At the end of training the last stage
-logs a few lines: the median pipeline time before, during (and during once the adapted plan runs)
-and after the straggler, with, from the simulator, the time ZB-H2's fixed orders take under the
-same link delays on the blocking default transport -- the baseline PipeMorph's adaptation is
-measured against (paper §7.2) -- and the lower bound on any schedule under them. With two stages
-per rank (the V) the baseline is ZB-V (torch's ``ScheduleZBVZeroBubble``), the static V schedule
-PipeMorph-V replaces.
+The schedule hands every step's :class:`StepPoint` (the pipeline time from the per-step exchange and
+the monitor's view of the links) to a :class:`StepHistory`, which files it at once under its phase:
+before, during (and during once the adapted plan runs) and after the straggler. At the end of
+training the last stage logs a few lines: each phase's median pipeline time with, from the
+simulator, the time ZB-H2's fixed orders take under the same link delays on the blocking default
+transport -- the baseline PipeMorph's adaptation is measured against (paper §7.2) -- and the lower
+bound on any schedule under them. With two stages per rank (the V) the baseline is ZB-V (torch's
+``ScheduleZBVZeroBubble``), the static V schedule PipeMorph-V replaces.
+
+A run may last 10^5 steps: each phase keeps a bounded sample of its steps (:class:`StepSample`), and
+the simulator replays at most :data:`SIMULATED` of them per phase at the end, so neither the memory
+nor the time the summary takes grows with the run.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import math
 import statistics
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from titan_morph.pipelining.builders import build
@@ -24,13 +28,17 @@ from titan_morph.pipelining.links import LinkDownError, LinkModel
 from titan_morph.pipelining.model import CostModel
 from titan_morph.pipelining.simulate import simulate
 
-__all__ = ["StepHistory", "StepPoint", "phases", "summary_lines", "zbh2_ms"]
+__all__ = ["SAMPLE_CAP", "SIMULATED", "StepHistory", "StepPoint", "StepSample", "summary_lines", "zbh2_ms"]
+
+SAMPLE_CAP = 1024
+"""Steps a phase's sample keeps (24 bytes each): its median pipeline time is exact up to this many."""
+SIMULATED = 64
+"""Steps per phase the simulator replays at the end (ZB-H2 and the bound): a fixed cost at exit."""
 
 
 @dataclass(frozen=True, slots=True)
 class StepPoint:
-    """One step as every rank saw it after the exchange (TorchTitan's 1-based step); slotted, since a
-    long run keeps thousands."""
+    """One step as every rank saw it after the exchange (TorchTitan's 1-based step)."""
 
     step: int
     pipeline_ms: float | None
@@ -41,63 +49,141 @@ class StepPoint:
     """When the step began on the common clock (the time axis of a time-keyed link model)."""
 
 
-class StepHistory:
-    """The last ``capacity`` steps' points, ~30 bytes a step: step numbers, pipeline times and starts in
-    arrays, and each step's (slow links, delegated links, plan) as an index into the few distinct
-    ones a run goes through. A long run's memory must not grow with its steps."""
+class StepSample:
+    """One phase's steps: how many, the first and the last, the links delegated in any of them, and
+    a systematic sample of at most ``cap``: every step while they fit, then the steps that are
+    multiples of a stride that doubles each time the sample is full (step, pipeline time and start
+    in arrays). A sample merges a later one into itself (the larger stride holds)."""
 
-    def __init__(self, capacity: int = 8192) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        self.capacity = capacity
+    def __init__(self, cap: int = SAMPLE_CAP) -> None:
+        if cap < 1:
+            raise ValueError(f"cap must be >= 1, got {cap}")
+        self.cap = cap
+        self.count = 0
+        self.first = self.last = 0
+        self.stride = 1
+        self.delegated: set[int] = set()
         self._steps = array("q")
-        self._ms = array("d")  # NaN: no pipeline time
+        self._ms = array("d")
         self._start = array("d")
-        self._state = array("L")
-        self._states: list[tuple[tuple[int, ...], tuple[int, ...], str]] = []
-        self._index: dict[tuple[tuple[int, ...], tuple[int, ...], str], int] = {}
-
-    def append(self, point: StepPoint) -> None:
-        key = (point.slow_links, point.delegated, point.plan_id)
-        if (i := self._index.get(key)) is None:
-            i = self._index[key] = len(self._states)
-            self._states.append(key)
-        self._steps.append(point.step)
-        self._ms.append(math.nan if point.pipeline_ms is None else point.pipeline_ms)
-        self._start.append(point.start_ms)
-        self._state.append(i)
-        if len(self._steps) >= 2 * self.capacity:  # drop the oldest at once: amortised O(1) a step
-            for column in (self._steps, self._ms, self._start, self._state):
-                del column[: -self.capacity]
 
     def __len__(self) -> int:
-        return min(len(self._steps), self.capacity)
+        """Steps held (at most ``cap``; :attr:`count` counts the phase's)."""
+        return len(self._steps)
 
-    def __iter__(self) -> Iterator[StepPoint]:
-        for k in range(len(self._steps) - len(self), len(self._steps)):
-            slow, delegated, plan_id = self._states[self._state[k]]
-            ms = self._ms[k]
-            yield StepPoint(self._steps[k], None if math.isnan(ms) else ms, slow, delegated, plan_id, self._start[k])
+    def add(self, point: StepPoint) -> None:
+        if point.pipeline_ms is None:
+            raise ValueError(f"step {point.step} has no pipeline time")
+        self.first = point.step if not self.count else self.first
+        self.last = point.step
+        self.count += 1
+        self.delegated.update(point.delegated)
+        self._keep(point.step, point.pipeline_ms, point.start_ms)
+
+    def _keep(self, step: int, ms: float, start: float) -> None:
+        if step % self.stride:
+            return
+        self._steps.append(step)
+        self._ms.append(ms)
+        self._start.append(start)
+        if len(self._steps) > self.cap:
+            self._thin(2 * self.stride)
+
+    def _thin(self, stride: int) -> None:
+        """Keep the multiples of ``stride`` (a multiple of the current one), doubling it while over ``cap``."""
+        while True:
+            keep = [k for k, s in enumerate(self._steps) if s % stride == 0]
+            if len(keep) <= self.cap:
+                break
+            stride *= 2
+        self.stride = stride
+        self._steps = array("q", (self._steps[k] for k in keep))
+        self._ms = array("d", (self._ms[k] for k in keep))
+        self._start = array("d", (self._start[k] for k in keep))
+
+    def merge(self, later: StepSample) -> None:
+        """Take in ``later``'s steps (all after this one's)."""
+        if not later.count:
+            return
+        self.first = later.first if not self.count else self.first
+        self.last = later.last
+        self.count += later.count
+        self.delegated |= later.delegated
+        if later.stride > self.stride:
+            self._thin(later.stride)
+        for step, ms, start in zip(later._steps, later._ms, later._start, strict=True):
+            self._keep(step, ms, start)
+
+    def median_ms(self) -> float | None:
+        """Median pipeline time of the sampled steps (all of them up to ``cap``)."""
+        return statistics.median(self._ms) if self._ms else None
+
+    def starts(self, limit: int = SIMULATED) -> list[tuple[int, float]]:
+        """(step, start ms) of at most ``limit`` sampled steps: the multiples of the least stride
+        (a power of two times the sample's) that leaves no more."""
+        stride = self.stride
+        while sum(1 for s in self._steps if s % stride == 0) > limit:
+            stride *= 2
+        return [(s, t) for s, t in zip(self._steps, self._start, strict=True) if s % stride == 0]
 
 
-def phases(points: Sequence[StepPoint], window: tuple[int, int] | None, skip: int = 1) -> dict[str, list[StepPoint]]:
-    """Steps before, during and after the straggler: the injection ``window`` (first, last step) when
-    one was injected, else the steps the monitor held a link slow. The first ``skip`` steps (warm-up:
-    first-use costs) are left out."""
-    kept = [p for p in points if p.step > skip and p.pipeline_ms is not None]
-    if window is not None:
-        first, last = window
-        during = [p for p in kept if first <= p.step <= last]
-    else:
-        during = [p for p in kept if p.slow_links]
-    if not during:
-        return {"before": kept, "during": [], "after": []}
-    start, end = during[0].step, during[-1].step
-    return {
-        "before": [p for p in kept if p.step < start],
-        "during": during,
-        "after": [p for p in kept if p.step > end],
-    }
+class StepHistory:
+    """Every step's point, filed at once under its phase: before, during (``adapted``: the steps of
+    it that ran another plan than its first step) and after the straggler -- the injection ``window``
+    (first, last step) when one was injected, else the steps from the first to the last one the
+    monitor held a link slow. The first ``skip`` steps (warm-up: first-use costs) and steps without
+    a pipeline time are left out. Memory: six :class:`StepSample` of at most ``cap`` steps."""
+
+    def __init__(self, window: tuple[int, int] | None = None, *, skip: int = 1, cap: int = SAMPLE_CAP) -> None:
+        self.window, self.skip, self.cap = window, skip, cap
+        self.before, self.during, self.adapted, self.after = (StepSample(cap) for _ in range(4))
+        self._after_adapted = StepSample(cap)  # steps since the last slow one that ran another plan
+        self._first_plan: str | None = None
+        self.steps = 0
+
+    def __len__(self) -> int:
+        """Steps appended (the left-out ones included)."""
+        return self.steps
+
+    def append(self, point: StepPoint) -> None:
+        self.steps += 1
+        if point.step <= self.skip or point.pipeline_ms is None:
+            return
+        if self.window is not None:
+            first, last = self.window
+            if point.step < first:
+                self.before.add(point)
+            elif point.step > last:
+                self.after.add(point)
+            else:
+                self._add_during(point)
+        elif point.slow_links:  # the steps since the last slow one were during the straggler too
+            self.during.merge(self.after)
+            self.adapted.merge(self._after_adapted)
+            self.after, self._after_adapted = StepSample(self.cap), StepSample(self.cap)
+            self._add_during(point)
+        elif self._first_plan is None:
+            self.before.add(point)
+        else:
+            self.after.add(point)
+            if point.plan_id != self._first_plan:
+                self._after_adapted.add(point)
+
+    def _add_during(self, point: StepPoint) -> None:
+        if self._first_plan is None:
+            self._first_plan = point.plan_id
+        self.during.add(point)
+        if point.plan_id != self._first_plan:
+            self.adapted.add(point)
+
+    def phases(self) -> dict[str, StepSample]:
+        """The phases, in order; with no step during the straggler, every step is ``before``."""
+        if not self.during.count:
+            everything = StepSample(self.cap)
+            everything.merge(self.before)
+            everything.merge(self.after)
+            return {"before": everything}
+        return {"before": self.before, "during": self.during, "adapted": self.adapted, "after": self.after}
 
 
 def baseline_name(model: CostModel) -> str:
@@ -105,39 +191,35 @@ def baseline_name(model: CostModel) -> str:
     return "zb-h2" if model.stages_per_rank == 1 else "zb-v"
 
 
-def zbh2_ms(model: CostModel, links: LinkModel | None, depth: int | None, points: Sequence[StepPoint]) -> float | None:
+def zbh2_ms(
+    model: CostModel, links: LinkModel | None, depth: int | None, steps: Sequence[tuple[int, float]]
+) -> float | None:
     """Median simulated makespan of ZB-H2's orders (ZB-V's in the V; planned without delays, as
-    they are) under ``links`` at the steps of ``points`` (each from its start), with the default
+    they are) under ``links`` at ``steps`` ((step, start ms): each from its start), with the default
     transport's queue ``depth`` (None when a link is down)."""
-    if not points:
+    if not steps:
         return None
     plan = build(baseline_name(model), model.with_delays((0.0,) * model.num_links))
     try:
         times = [
-            simulate(plan.model, plan.orders, links=links, depth=depth, step=p.step, t0=p.start_ms).makespan
-            for p in points
+            simulate(plan.model, plan.orders, links=links, depth=depth, step=step, t0=start).makespan
+            for step, start in steps
         ]
     except LinkDownError:
         return None
     return statistics.median(times)
 
 
-def _bound_ms(model: CostModel, links: LinkModel, points: Sequence[StepPoint]) -> float | None:
-    """Median over ``points`` of the lower bound on any schedule under ``links``
+def _bound_ms(model: CostModel, links: LinkModel, steps: Sequence[tuple[int, float]]) -> float | None:
+    """Median over ``steps`` of the lower bound on any schedule under ``links``
     (:func:`~titan_morph.pipelining.exact.lower_bound_under`; None when a link is down)."""
-    values = [lower_bound_under(model, links, step=p.step, t0=p.start_ms) for p in points]
+    values = [lower_bound_under(model, links, step=step, t0=start) for step, start in steps]
     return statistics.median(values) if values and all(math.isfinite(v) for v in values) else None
 
 
-def _median(points: Sequence[StepPoint]) -> float | None:
-    values = [p.pipeline_ms for p in points if p.pipeline_ms is not None]
-    return statistics.median(values) if values else None
-
-
 def summary_lines(
-    points: Sequence[StepPoint],
+    history: StepHistory,
     *,
-    window: tuple[int, int] | None,
     model: CostModel,
     links: LinkModel | None,
     depth: int | None,
@@ -146,11 +228,11 @@ def summary_lines(
 ) -> list[str]:
     """The summary's lines (see the module docstring) for the run of ``schedule``; ``model`` holds
     the stage times to simulate ZB-H2 with (configured, or the ones the monitor measured)."""
-    parts = phases(points, window)
-    if not parts["during"]:
-        median = _median(parts["before"])
+    parts = history.phases()
+    if "during" not in parts:
+        median = parts["before"].median_ms()
         text = "n/a" if median is None else f"{median:.0f} ms"
-        return [f"run summary: no straggler; median pipeline time {text} over {len(parts['before'])} steps"]
+        return [f"run summary: no straggler; median pipeline time {text} over {parts['before'].count} steps"]
     base = "ZB-H2" if baseline_name(model) == "zb-h2" else "ZB-V"
     if links is None:  # no modelled delays (e.g. a link that really broke): nothing to simulate against
         lines = ["run summary (median pipeline time per step):"]
@@ -159,23 +241,20 @@ def summary_lines(
             f"run summary (median pipeline time per step; {base} from the simulator and the lower bound on"
             " any schedule, same delays):"
         ]
-    during = parts["during"]
-    parts["adapted"] = [p for p in during if p.plan_id != during[0].plan_id]  # once the new plan runs
-    for name in ("before", "during", "adapted", "after"):
-        pts = parts[name]
-        if not pts:
+    for name, part in parts.items():
+        mine = part.median_ms()
+        if mine is None:
             continue
-        mine = _median(pts)
-        theirs = zbh2_ms(model, links, depth, pts) if links is not None else None
-        first, last = pts[0].step, pts[-1].step
-        line = f"  {name:<7} steps {first:>3}-{last:<3}  {schedule} {mine:7.0f} ms"
+        steps = part.starts() if links is not None else []
+        theirs = zbh2_ms(model, links, depth, steps) if links is not None else None
+        line = f"  {name:<7} steps {part.first:>3}-{part.last:<3}  {schedule} {mine:7.0f} ms"
         if theirs is not None and mine:
             line += f"   {base:<5} {theirs:7.0f} ms ({theirs / mine:.2f}x)"
-        best = _bound_ms(model, links, pts) if links is not None else None
+        best = _bound_ms(model, links, steps) if links is not None else None
         if best is not None:
             line += f"   bound {best:5.0f} ms"
         if name == "adapted":
-            line += f"   delegated links {sorted({link for p in pts for link in p.delegated}) or 'none'}"
+            line += f"   delegated links {sorted(part.delegated) or 'none'}"
         lines.append(line)
     lines.append(f"  plan changes made by the monitor: {decisions}")
     return lines
