@@ -67,17 +67,20 @@ class Range:
 
 @dataclass(frozen=True)
 class Per:
-    """A list with ``width`` values per pipeline ``unit`` ("link": S-1 of them; "stage": S).
+    """A list with ``width`` values per pipeline ``unit`` ("link": S-1 of them; "stage": S; "rank":
+    one per pipeline rank).
 
-    One group of ``width`` values stands for every link/stage. An empty list means "not set"
+    One group of ``width`` values stands for every link/stage/rank. An empty list means "not set"
     unless ``required``. ``or_pairs``: when ``[morph.inject] rank_links`` names rank pairs, one value
-    per pair instead of per link.
+    per pair instead of per link. ``or_layers``: when ``[morph.synthetic] layers`` is set, one value
+    per layer of the synthetic model instead of per stage.
     """
 
-    unit: Literal["link", "stage"]
+    unit: Literal["link", "stage", "rank"]
     width: int = 1
     required: bool = False
     or_pairs: bool = False
+    or_layers: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,22 +91,27 @@ class RankPairs:
 @dataclass(frozen=True)
 class Layout:
     """What the pipeline-dependent parts of parsing need: pipeline ranks (``stages``, None =
-    unknown), the delay limit, stages per rank (1; 2 in a V; None = unknown) and the number of rank
-    pairs of ``rank_links`` (per-pair lists)."""
+    unknown), the delay limit, stages per rank (1; 2 in a V; None = unknown), the number of rank
+    pairs of ``rank_links`` (per-pair lists) and the synthetic model's layers (per-layer lists)."""
 
     stages: int | None = None
     delay_limit_ms: float | None = None
     stages_per_rank: int | None = 1
     pairs: int | None = None
+    layers: int | None = None
 
     def count(self, per: Per) -> int | None:
         """Groups a ``per`` list holds in this layout (None = unknown)."""
         if per.or_pairs and self.pairs:
             return self.pairs
+        if per.or_layers and self.layers:
+            return self.layers
         if self.stages is None:
             return None
         if per.unit == "link":
             return self.stages - 1
+        if per.unit == "rank":
+            return self.stages
         return None if self.stages_per_rank is None else self.stages * self.stages_per_rank
 
 
@@ -201,7 +209,7 @@ def _groups(key: str, value: Any, values: tuple[Any, ...], per: Per, layout: Lay
             raise fail(key, value, f"needs at least {per.width} value(s)")
         return values
     groups = layout.count(per)
-    unit = "rank pair" if per.or_pairs and layout.pairs else per.unit
+    unit = "rank pair" if per.or_pairs and layout.pairs else "layer" if per.or_layers and layout.layers else per.unit
     what = f"one per {unit}" if per.width == 1 else f"one group of {per.width} per {unit}"
     if groups is None:
         if len(values) % per.width:

@@ -29,6 +29,14 @@ from titan_morph.pipelining.links import (
     TraceDelays,
     table3_trace,
 )
+from titan_morph.pipelining.speeds import (
+    ComputeModel,
+    RandomFactors,
+    StaticFactors,
+    TraceFactors,
+    WindowedFactors,
+    is_compute_trace,
+)
 
 if TYPE_CHECKING:
     from titan_morph.config.settings import InjectSettings, MorphSettings, Settings
@@ -39,6 +47,7 @@ __all__ = [
     "bandwidth_keys",
     "break_window",
     "check_trace",
+    "compute_model",
     "configured_message_bytes",
     "link_model",
     "pair_delays",
@@ -77,6 +86,12 @@ def check_trace(spec: str, links: int | None, limit: float | None) -> None:
         return
     if not os.path.isfile(path):
         raise fail(key, spec, "file not found")
+    if is_compute_trace(path):
+        try:
+            TraceFactors.from_csv(path, links + 1 if links is not None else 1 << 30)
+        except ValueError as err:
+            raise fail(key, spec, str(err)) from None
+        return
     if links is None:
         return
     try:
@@ -182,7 +197,7 @@ def link_model(
     ``i`` the delay of the pair (hosts[i], hosts[i+1]). ``message_bytes`` (one size, or (fwd, bwd)
     per link) turns the configured rates into transmit times; needed only when a rate is set.
     """
-    if inject.mode in ("none", "break"):
+    if inject.mode in ("none", "break") or not _links_emulated(inject):
         return None
     pairs = pair_delays(inject)
     if pairs is not None:
@@ -211,6 +226,35 @@ def link_model(
         inner = table3_trace(num_links + 1, steps) if path == "table3" else TraceDelays.from_csv(path, num_links)
     inner = _with_bandwidth(inject, inner, num_links, message_bytes)
     return _Windowed(inner, inject.start_step, inject.end_step, inject.direction)
+
+
+def _links_emulated(inject: InjectSettings) -> bool:
+    """Whether ``inject`` delays links (else it injects compute factors only)."""
+    if inject.mode == "static":
+        return bool(inject.delays_ms)
+    if inject.mode == "random":
+        quiet = inject.random_mean_ms == 0 and inject.random_std_ms == 0 and not bandwidth_keys(inject)
+        return not (quiet and inject.compute_factor)
+    if inject.mode == "trace":
+        path = trace_path(inject.trace_file)
+        return path in BUILTIN_TRACES or not (os.path.isfile(path) and is_compute_trace(path))
+    return inject.mode != "none"
+
+
+def compute_model(inject: InjectSettings, ranks: int) -> ComputeModel | None:
+    """The injected compute factors of ``ranks`` pipeline ranks (:mod:`titan_morph.pipelining.speeds`),
+    within ``start_step``..``end_step``; None when nothing slows compute."""
+    inner: ComputeModel
+    factors = inject.compute_factor * ranks if len(inject.compute_factor) == 1 else inject.compute_factor
+    if inject.mode == "static" and factors:
+        inner = StaticFactors(factors)
+    elif inject.mode == "random" and factors:
+        inner = RandomFactors(factors, inject.seed)
+    elif inject.mode == "trace" and not _links_emulated(inject):
+        inner = TraceFactors.from_csv(trace_path(inject.trace_file), ranks)
+    else:
+        return None
+    return WindowedFactors(inner, inject.start_step, inject.end_step)
 
 
 def plan_transmit(morph: MorphSettings, links: LinkModel | None) -> tuple[float, ...] | None:

@@ -18,13 +18,20 @@ def _build(cls: type, parsed: dict[str, Any]) -> Any:
     return cls(**{k: _build(nested[k], v) if k in nested else v for k, v in parsed.items()})
 
 
-def resolve_morph(morph: Morph, layout: Layout | None = None, world_size: int | None = None) -> MorphSettings:
+def resolve_morph(
+    morph: Morph, layout: Layout | None = None, world_size: int | None = None, split: tuple[int, ...] | None = None
+) -> MorphSettings:
     """Parse and check ``[morph]`` for a pipeline ``layout`` (None or a part unknown: the checks that
-    need it are skipped); raises one :class:`ConfigError`."""
+    need it are skipped) and the layer ``split`` of this launch (None: the configured one); raises
+    one :class:`ConfigError`."""
     layout = layout or Layout()
     pairs = parse_rank_pairs(morph.inject.rank_links)
-    layout = Layout(layout.stages, layout.delay_limit_ms, layout.stages_per_rank, pairs=len(pairs) or None)
-    settings: MorphSettings = _build(MorphSettings, parse_field("morph", morph, Morph, layout))
+    layers = morph.synthetic.layers if isinstance(morph.synthetic.layers, int) and morph.synthetic.layers > 0 else None
+    layout = Layout(
+        layout.stages, layout.delay_limit_ms, layout.stages_per_rank, pairs=len(pairs) or None, layers=layers
+    )
+    parsed = parse_field("morph", morph, Morph, layout)
+    settings: MorphSettings = _build(MorphSettings, {**parsed, "split": split})
     check_morph(settings, layout, world_size)
     return settings
 
@@ -37,7 +44,7 @@ def resolve(morph: Morph, job: JobView) -> Settings:
     n = microbatches(job)
     limit = delay_limit_ms(job)
     stages = job.pipeline_parallel_degree if job.pipeline_parallel_degree > 1 else None
-    parsed = resolve_morph(morph, Layout(stages, limit, job.stages_per_rank), world)
+    parsed = resolve_morph(morph, Layout(stages, limit, job.stages_per_rank), world, job.split)
     settings = Settings(parsed, job, world, dp_degree(job), n, limit)
     check_joined(settings.morph, job, n, settings.dp_degree)
     return settings

@@ -18,7 +18,16 @@ from titan_morph.config.links import bandwidth_keys, check_trace
 if TYPE_CHECKING:
     from titan_morph.config.settings import InjectSettings, JobView, MorphSettings, SyntheticSettings
 
-__all__ = ["check_job", "check_joined", "check_morph", "delay_limit_ms", "dp_degree", "microbatches"]
+__all__ = [
+    "AUTO_SCHEDULES",
+    "SPLIT_OPTIONS",
+    "check_job",
+    "check_joined",
+    "check_morph",
+    "delay_limit_ms",
+    "dp_degree",
+    "microbatches",
+]
 
 ONE_MICROBATCH_PER_STAGE = ("1f1b",)
 """Schedules that need at least as many microbatches as stages (torch's Schedule1F1B refuses fewer)."""
@@ -157,11 +166,28 @@ def _check_bandwidth(inj: InjectSettings, synthetic: SyntheticSettings, limit: f
             )
 
 
+def _check_compute(inj: InjectSettings, synthetic: SyntheticSettings) -> None:
+    """``compute_factor``: a mode that injects factors (static, random), above 0, and below 1 only
+    where the op's time is padded (the synthetic testbed: real compute cannot be made faster)."""
+    if not inj.compute_factor:
+        return
+    key, shown = "morph.inject.compute_factor", list(inj.compute_factor)
+    if inj.mode not in ("static", "random"):
+        why = "a trace sets the factors itself (columns step, rank, compute_factor)" if inj.mode == "trace" else ""
+        raise fail(key, shown, f"needs mode = static or random, got mode = {inj.mode!r}" + (f": {why}" if why else ""))
+    if not synthetic.enabled and min(inj.compute_factor) < 1:
+        raise fail(key, shown, "has a factor below 1: only the synthetic testbed's padded ops can run faster (>= 1)")
+
+
 def _check_inject(inj: InjectSettings, links: int | None, limit: float | None, transport: str) -> None:
     if inj.end_step != 0 and inj.end_step < inj.start_step:
         raise fail("morph.inject.end_step", inj.end_step, f"must be 0 (never stop) or >= start_step ({inj.start_step})")
-    if inj.mode == "static" and not inj.delays_ms:
-        raise fail("morph.inject.delays_ms", [], "is empty: static mode needs per-link delays, e.g. [0, 0, 60]")
+    if inj.mode == "static" and not inj.delays_ms and not inj.compute_factor:
+        raise fail(
+            "morph.inject.delays_ms",
+            [],
+            "is empty: static mode needs per-link delays, e.g. [0, 0, 60], or per-rank compute_factor",
+        )
     if links is not None and any(link >= links for link in inj.links):
         raise fail("morph.inject.links", list(inj.links), f"has a link id out of range: link ids are 0..{links - 1}")
     interval = inj.random_interval_ms
@@ -211,6 +237,10 @@ def check_morph(morph: MorphSettings, layout: Layout, world: int | None) -> None
             )
     links = None if layout.stages is None else max(layout.stages - 1, 0)
     _check_inject(morph.inject, links, layout.delay_limit_ms, morph.transport)
+    _check_compute(morph.inject, morph.synthetic)
+    layers, stages = morph.synthetic.layers, (layout.stages or 1) * (layout.stages_per_rank or 1)
+    if layers and layers < stages:
+        raise fail("morph.synthetic.layers", layers, f"must be 0 or >= the pipeline's stages ({stages})")
     _check_bandwidth(morph.inject, morph.synthetic, layout.delay_limit_ms)
     if morph.synthetic.hidden % 16:
         raise fail("morph.synthetic.hidden", morph.synthetic.hidden, "must be a multiple of 16")
@@ -222,9 +252,62 @@ def check_morph(morph: MorphSettings, layout: Layout, world: int | None) -> None
         )
 
 
+SPLIT_OPTIONS = (
+    "module_fqns_per_model_part",
+    "pipeline_parallel_layers_per_stage",
+    "pipeline_parallel_first_stage_less_layers",
+    "pipeline_parallel_last_stage_less_layers",
+)
+"""TorchTitan's options that split the model by hand (``partition = "manual"``)."""
+AUTO_SCHEDULES = ("pipemorph", "zbh1", "zbh2", "morph1f1b")
+"""The schedules ``partition = "auto"`` re-partitions: titan_morph's, one stage per rank."""
+
+
+def _check_partition(morph: MorphSettings, job: JobView, dp: int) -> None:
+    """``partition`` against the split options of the job and what a re-partition needs."""
+    key, mode = "morph.partition", morph.partition
+    options = ", ".join(f"[parallelism] {o}" for o in job.split_options)
+    if mode == "manual" and not job.split_options:
+        raise fail(
+            key,
+            mode,
+            "needs a split: set [parallelism] module_fqns_per_model_part, pipeline_parallel_layers_per_stage or "
+            "pipeline_parallel_first_stage_less_layers / pipeline_parallel_last_stage_less_layers",
+        )
+    if mode != "manual" and job.split_options:
+        raise fail(key, mode, f"splits the layers itself, but the job sets {options}: set morph.partition = manual")
+    if job.split is not None and mode != "auto":
+        raise fail(
+            "TITAN_MORPH_SPLIT", ",".join(map(str, job.split)), "is a re-partition's split: needs partition = auto"
+        )
+    if mode != "auto":
+        return
+    stages = job.pipeline_parallel_degree
+    if stages < 2:
+        raise fail(key, mode, "needs pipeline_parallel_degree >= 2 (layers move between pipeline stages)")
+    if job.schedule.lower() not in AUTO_SCHEDULES:
+        raise fail(
+            key,
+            mode,
+            "needs a titan_morph schedule with one stage per rank (PipeMorph, ZBH1, ZBH2, Morph1F1B),"
+            f" got {job.schedule!r}",
+        )
+    if not morph.monitor:
+        raise fail(key, mode, "needs morph.monitor = true (per-rank compute is measured by the monitor)")
+    if not job.checkpoint:
+        raise fail(key, mode, "needs [checkpoint] enable = true: a re-partition checkpoints and restarts the run")
+    if dp > 1:
+        raise fail(key, mode, "is for pipeline parallelism alone (data_parallel_*_degree = 1)")
+    if morph.synthetic.enabled and not morph.synthetic.layers:
+        raise fail(key, mode, "needs [morph.synthetic] layers on the synthetic testbed (stages made of layers)")
+    if job.split is not None and len(job.split) != stages:
+        raise fail("TITAN_MORPH_SPLIT", ",".join(map(str, job.split)), f"needs one layer count per stage ({stages})")
+
+
 def check_joined(morph: MorphSettings, job: JobView, n: int, dp: int) -> None:
-    """``[morph]`` against TorchTitan's sections: the orchestrator's needs under DP x PP, and the
-    schedules that need a microbatch per stage."""
+    """``[morph]`` against TorchTitan's sections: the orchestrator's needs under DP x PP, the
+    partition, and the schedules that need a microbatch per stage."""
+    _check_partition(morph, job, dp)
     stages, name = job.pipeline_parallel_degree, job.schedule
     if morph.orchestrator != "off" and stages > 1 and dp > 1:
         key, value = "morph.orchestrator", morph.orchestrator

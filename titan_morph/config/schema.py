@@ -17,9 +17,19 @@ from typing import Annotated, Literal, get_args, get_origin
 from titan_morph.config.cli import Bool, FloatList, IntList, PairList
 from titan_morph.config.fields import Per, Range, RankPairs, coerce_list, coerce_pairs, unwrap
 
-__all__ = ["Inject", "JobConfig", "Morph", "Synthetic", "TRANSPORTS", "INJECT_MODES", "MAX_DELEGATES_PER_LINK"]
+__all__ = [
+    "Inject",
+    "JobConfig",
+    "Morph",
+    "Synthetic",
+    "TRANSPORTS",
+    "INJECT_MODES",
+    "MAX_DELEGATES_PER_LINK",
+    "PARTITIONS",
+]
 
 Transport = Literal["default", "delegate", "auto"]
+Partition = Literal["even", "auto", "manual"]
 Orchestrator = Literal["off", "pp", "any"]
 InjectMode = Literal["none", "static", "random", "trace", "break"]
 InjectDirection = Literal["both", "fwd", "bwd"]
@@ -27,6 +37,7 @@ TRANSPORTS: tuple[str, ...] = get_args(Transport)
 ORCHESTRATORS: tuple[str, ...] = get_args(Orchestrator)
 INJECT_MODES: tuple[str, ...] = get_args(InjectMode)
 INJECT_DIRECTIONS: tuple[str, ...] = get_args(InjectDirection)
+PARTITIONS: tuple[str, ...] = get_args(Partition)
 MAX_DELEGATES_PER_LINK = 64
 """Delegate processes per link and direction the delegated transport accepts."""
 
@@ -45,7 +56,8 @@ def _coerce_fields(obj: object) -> None:
 DelayList = Annotated[FloatList, Range(0, allow_inf=True, delay=True), Per("link", or_pairs=True)]
 RankPairList = Annotated[PairList, RankPairs()]
 PlanDelayList = Annotated[FloatList, Range(0, delay=True), Per("link")]
-StageMsList = Annotated[FloatList, Range(0), Per("stage", required=True)]
+StageMsList = Annotated[FloatList, Range(0), Per("stage", required=True, or_layers=True)]
+RankFactorList = Annotated[FloatList, Range(0, low_open=True), Per("rank")]
 
 
 @dataclass
@@ -111,6 +123,14 @@ class Inject:
     """random mode: [low, high] Mbit/s; the rate of each of ``links`` is re-drawn from U(low, high)
     whenever its delay is. [] = the rate is ``bandwidth_mbit``."""
 
+    compute_factor: RankFactorList = field(default_factory=list)
+    """Emulated compute stragglers: per pipeline rank, a multiplier of every op's time (2 = twice as
+    slow; one value for every rank). static mode: from ``start_step`` to ``end_step``; random mode:
+    each rank whose value is above 1 draws its factor per step from U(1, value) (``seed``); trace
+    mode: not used, a trace with the columns step, rank, compute_factor sets the factors. The
+    synthetic testbed pads its ops to their time x the factor; the real model sleeps (factor - 1) x
+    each op's measured time after it (so below 1 only on the testbed). [] = none."""
+
     def __post_init__(self) -> None:
         _coerce_fields(self)
 
@@ -126,8 +146,15 @@ class Synthetic:
     enabled: Bool = False
     """Replace the model stages by synthetic ones."""
 
+    layers: Annotated[int, Range(0)] = 0
+    """Transformer layers of the synthetic model (``[model] flavor = "synthetic"``), so that a
+    partition can move them between stages: ``fwd_ms``, ``bwd_ms`` and ``wgt_ms`` are then per layer
+    (one value for every layer, or one per layer) and a stage's op is padded to the sum of its
+    layers' times x its rank's compute factor. 0 = one layer per stage, the times per stage."""
+
     fwd_ms: StageMsList = field(default_factory=lambda: [10.0])
-    """Forward time per microbatch in ms: one value for every stage, or one per stage [10, 10, 12, 10]."""
+    """Forward time per microbatch in ms: one value for every stage, or one per stage [10, 10, 12, 10]
+    (with ``layers``: per layer)."""
 
     bwd_ms: StageMsList = field(default_factory=lambda: [10.0])
     """Input-gradient backward (I / the paper's B) time per microbatch in ms (same format)."""
@@ -245,6 +272,33 @@ class Morph:
     """In-flight microbatch cap of adapted plans when slow links are delegated (``transport`` auto or
     delegate): 0 = none, the paper's §4.2 relaxation (activations may move to host memory). With
     the default transport adapted plans keep ``memory_budget``. Else >= the pipeline degree."""
+
+    partition: Partition = "even"
+    """Which layers each pipeline stage holds: even (TorchTitan's split: the layers spread evenly, the
+    embedding and the output counted as a layer each; the synthetic model's layers exactly evenly) |
+    auto (starts even; after ``profile_steps`` and whenever a rank's compute slows or recovers,
+    re-plans the schedule for the measured times, then moves layers through a checkpoint and a
+    relaunch by ./run_train.sh's launcher once the time the old split has lost exceeds
+    ``repartition_after`` x the measured relaunch cost) | manual (TorchTitan's split options:
+    [parallelism] module_fqns_per_model_part, pipeline_parallel_layers_per_stage,
+    pipeline_parallel_first_stage_less_layers / pipeline_parallel_last_stage_less_layers). auto
+    needs a titan_morph schedule with one stage per rank, ``monitor`` and [checkpoint] enable = true."""
+
+    repartition_after: Annotated[float, Range(0)] = 1.0
+    """partition = auto: move layers once the time lost since a compute change (per step, the planned
+    step of the split running now less that of the best split) exceeds this x the relaunch cost: 1 =
+    ski rental (never more than twice the best choice in hindsight). A move that cannot pay for itself
+    in the steps left is not made, except with 0: at once, whatever it costs (tests, demos)."""
+
+    repartition_min_gain: Annotated[float, Range(0, 1)] = 0.05
+    """partition = auto: the least gain worth a relaunch, as a fraction of the planned step of the
+    split running now (0.05 = 5 %)."""
+
+    rank_memory_gb: RankFactorList = field(default_factory=list)
+    """Memory per pipeline rank for its layers' parameters, gradients and optimizer state and the
+    activations of its microbatches in flight, in GB (one value for every rank): partition = auto
+    keeps every split within it, and a split that exceeds it is refused before any rank starts.
+    [] = unbounded. Estimated from the model's shape (README, "Partitions")."""
 
     orchestrator: Orchestrator = "off"
     """DP x PP topology orchestrator (§6, Fig. 13): off (the rank layout never changes; DP

@@ -43,6 +43,11 @@ class JobView:
     train_timeout_s: float
     checkpoint: bool
     ranks: int | None
+    split_options: tuple[str, ...] = ()
+    """TorchTitan's split options the config sets ("module_fqns_per_model_part", ...): a manual split."""
+    split: tuple[int, ...] | None = None
+    """Transformer layers per stage this launch runs when a re-partition relaunched it
+    (``$TITAN_MORPH_SPLIT``); None = the configured split."""
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -75,6 +80,8 @@ class InjectSettings:
     bandwidth_mbit: tuple[float, ...]
     """One rate per link (0 = unlimited); () when not set."""
     random_bandwidth_mbit: tuple[float, ...]
+    compute_factor: tuple[float, ...]
+    """One factor per pipeline rank; () when not set."""
 
     def window(self, steps: int) -> tuple[int, int] | None:
         """First and last step of the injected straggler (None when nothing is injected)."""
@@ -89,10 +96,13 @@ class SyntheticSettings:
     """The table's name in error messages."""
     enabled: bool
     """Whether the model's stages are replaced by synthetic ones."""
+    layers: int
+    """Transformer layers of the synthetic model; 0 = one per stage."""
     fwd_ms: tuple[float, ...]
     bwd_ms: tuple[float, ...]
     wgt_ms: tuple[float, ...]
-    """F, B and W in ms per microbatch: one per stage (one for all where the stages are unknown)."""
+    """F, B and W in ms per microbatch: one per stage (one for all where the stages are unknown),
+    or one per layer with ``layers``."""
     hidden: int
     message_kb: float
     """KiB per message between stages; 0 = ``hidden``-wide activations."""
@@ -124,12 +134,18 @@ class MorphSettings:
     monitor: bool
     detect_min_ms: float
     adapt_memory_budget: int
+    partition: str
+    repartition_after: float
+    repartition_min_gain: float
+    rank_memory_gb: tuple[float, ...]
     orchestrator: str
     dp_detect_min_ms: float
     data_ifname: str
     host_ifnames: str
     inject: InjectSettings
     synthetic: SyntheticSettings
+    split: tuple[int, ...] | None
+    """Transformer layers per stage this launch runs (:attr:`JobView.split`); None = the configured split."""
 
     @property
     def depth(self) -> int | None:
@@ -162,15 +178,41 @@ class MorphSettings:
 
     def stage_times(self, stages: int) -> tuple[Triple, ...] | None:
         """Per-stage (F, B, W) ms for ``stages`` stages: ``stage_times_ms``, else the synthetic
-        testbed's times when it is on, else None (unknown: profiled at run time)."""
+        testbed's times when it is on (with ``layers``: each stage's layers summed, for the split
+        this launch runs), else None (unknown: profiled at run time)."""
         if self.stage_times_ms:
             flat = _for_stages(self.stage_times_ms, stages, 3, "morph.stage_times_ms")
             return tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3))
         syn = self.synthetic
         if not syn.enabled:
             return None
+        if syn.layers:
+            per_layer = self.layer_times()
+            split = self.synthetic_split(stages)
+            chunks = [per_layer[sum(split[:s]) : sum(split[: s + 1])] for s in range(stages)]
+            return tuple((sum(t[0] for t in c), sum(t[1] for t in c), sum(t[2] for t in c)) for c in chunks)
         f, b, w = (_for_stages(getattr(syn, n), stages, 1, f"{syn.KEY}.{n}") for n in ("fwd_ms", "bwd_ms", "wgt_ms"))
         return tuple(zip(f, b, w))
+
+    def layer_times(self) -> tuple[Triple, ...]:
+        """The synthetic model's (F, B, W) ms per layer (``layers`` of them)."""
+        syn = self.synthetic
+        f, b, w = (
+            _for_stages(getattr(syn, n), syn.layers, 1, f"{syn.KEY}.{n}") for n in ("fwd_ms", "bwd_ms", "wgt_ms")
+        )
+        return tuple(zip(f, b, w))
+
+    def synthetic_split(self, stages: int) -> tuple[int, ...]:
+        """The synthetic model's layers per stage: :attr:`split`, else as even as counts go."""
+        if self.split is not None:
+            if len(self.split) != stages or sum(self.split) != self.synthetic.layers:
+                raise ConfigError(
+                    f"TITAN_MORPH_SPLIT: {list(self.split)} is not a split of {self.synthetic.layers} layers"
+                    f" into {stages} stages"
+                )
+            return self.split
+        q, r = divmod(self.synthetic.layers, stages)
+        return tuple(q + (s < r) for s in range(stages))
 
     def plan_delays(self, num_links: int) -> tuple[float, ...] | None:
         """The per-link delays PipeMorph plans for from the start, or None (Alg. 1 without delays)."""

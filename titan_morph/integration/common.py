@@ -18,7 +18,10 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from titan_morph.config import ConfigError, JobView, Settings
+from titan_morph.config.model import ModelShape
+from titan_morph.config.rules import SPLIT_OPTIONS
 from titan_morph.integration.boundary import ParallelismSection, TitanConfig
+from titan_morph.integration.relaunch import split_from_env
 
 if TYPE_CHECKING:  # both releases' ParallelDims; torchtitan loads only after the CPU adaptation
     import logging
@@ -145,7 +148,27 @@ def job_view(config: TitanConfig, ranks: int | None, morph_model: bool) -> JobVi
         train_timeout_s=float(comm.train_timeout_seconds),
         checkpoint=bool(config.checkpoint.enable),
         ranks=ranks,
+        split_options=split_options(par) if morph_model else (),
+        split=_split_of_env(),
     )
+
+
+def split_options(parallelism: ParallelismSection) -> tuple[str, ...]:
+    """TorchTitan's split options a config sets away from their defaults (a manual split)."""
+    defaults: dict[str, object] = {
+        "module_fqns_per_model_part": None,
+        "pipeline_parallel_layers_per_stage": None,
+        "pipeline_parallel_first_stage_less_layers": 1,
+        "pipeline_parallel_last_stage_less_layers": 1,
+    }
+    return tuple(name for name in SPLIT_OPTIONS if getattr(parallelism, name) != defaults[name])
+
+
+def _split_of_env() -> tuple[int, ...] | None:
+    try:
+        return split_from_env()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def check_schedule(parallelism: ParallelismSection) -> None:
@@ -232,13 +255,17 @@ def pipeline(
     settings_of: Callable[[], Settings],
     loss_fn: Callable[..., Any] | None,
     logger: logging.Logger,
+    shape: ModelShape | None = None,
 ) -> tuple[_PipelineSchedule, list[nn.Module], bool, bool]:
     """What llama3_morph's ``pipelining_fn`` returns on either release: the model split as
-    TorchTitan's ``pipeline_llm`` does for the schedule's placement, each part parallelised and FSDP
-    moved to gloo, then titan_morph's schedule over the stages. The release supplies how it spells
-    a key (``section``), its module split (``generate``; ``split(torch schedule name, module
-    names)``), its ``parallelize_fn`` call, where the settings come from and the loss."""
+    TorchTitan's ``pipeline_llm`` does for the schedule's placement (or as ``[morph] partition``
+    splits it, :mod:`.partition`), each part parallelised and FSDP moved to gloo, the compute
+    stragglers of ``[morph.inject]`` emulated, then titan_morph's schedule over the stages. The
+    release supplies how it spells a key (``section``), its module split (``generate``;
+    ``split(torch schedule name, module names)``), its ``parallelize_fn`` call, where the settings
+    come from, the loss and the model's sizes (``shape``: the partition's monitor)."""
     from titan_morph.integration.cpu import adapt_fsdp_to_gloo
+    from titan_morph.integration.partition import attach_partitioner, launch_split, module_names, prepare_compute
     from titan_morph.integration.schedules import ScheduleRequest, build_schedule, schedule_placement
 
     schedule_name = parallelism.pipeline_parallel_schedule
@@ -251,7 +278,11 @@ def pipeline(
     settings = settings_of()
     pp = parallel_dims.pp
     num_stages = pp * stages_per_rank(parallelism, placement, pp, num_layers, section)
-    names = stage_module_names(parallelism, num_stages, num_layers, generate, section)
+    own = launch_split(settings, num_layers, num_stages)
+    if own is not None:
+        names = module_names(generate, num_layers, own)
+    else:
+        names = stage_module_names(parallelism, num_stages, num_layers, generate, section)
 
     stages, model_parts = split(_SPLIT_AS[placement], names)
     for i, part in enumerate(model_parts):
@@ -259,6 +290,7 @@ def pipeline(
         adapt_fsdp_to_gloo(part)
         model_parts[i] = part
         stages[i].submod = part
+    prepare_compute(settings, stages)
 
     schedule = build_schedule(
         ScheduleRequest(
@@ -271,9 +303,12 @@ def pipeline(
             stages=stages,
         )
     )
+    if shape is not None:
+        attach_partitioner(settings, schedule, shape)
     logger.info(
         f"titan_morph: pipeline schedule {schedule_name} ({type(schedule).__name__}), stage(s) "
         f"{[st.stage_index for st in stages]}/{num_stages} with {settings.microbatches} microbatches"
+        + (f", layers per stage {list(own)}" if own is not None else "")
     )
     return schedule, model_parts, any(st.is_first for st in stages), any(st.is_last for st in stages)
 
@@ -288,6 +323,7 @@ class MorphTrainerMethods:
 
     morph_settings: Settings
     _trained: bool
+    step: int
 
     def train(self) -> None:
         super().train()  # type: ignore[misc]
@@ -319,15 +355,22 @@ class MorphTrainerMethods:
 
     def train_step(self, data_iterator: Any) -> None:
         from titan_morph.integration.hybrid import before_step
+        from titan_morph.integration.partition import started_launch
+        from titan_morph.runtime.slowdown import ACTIVE
 
         before_step(self)
+        ACTIVE.set_step(self.step)  # the compute factors of this step
         super().train_step(data_iterator)  # type: ignore[misc]
+        started_launch(self)
 
     def should_continue_training(self) -> bool:
-        """False also after a step that moved ranks (DP x PP): the run resumes, relaunched."""
-        from titan_morph.integration.hybrid import finish_for_move
+        """False also after a step that moved ranks (DP x PP) or layers (``partition = "auto"``):
+        the run resumes, relaunched."""
+        from titan_morph.integration.hybrid import finish_for_move, save_now
+        from titan_morph.integration.partition import finish_for_repartition
 
-        return not finish_for_move(self) and bool(super().should_continue_training())  # type: ignore[misc]
+        moved = finish_for_move(self) or finish_for_repartition(self, save_now)
+        return not moved and bool(super().should_continue_training())  # type: ignore[misc]
 
 
 def rank_main(argv: list[str] | None, adapt: Callable[[], object], start: Callable[[list[str]], None]) -> None:

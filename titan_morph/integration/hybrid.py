@@ -64,6 +64,7 @@ __all__ = [
     "make_exchange",
     "parallel_dims_for",
     "pipeline_hosts",
+    "save_now",
 ]
 
 logger = logging.getLogger(__name__)
@@ -201,7 +202,7 @@ def before_step(trainer: Any) -> None:
         set_step(trainer.step)
 
 
-def _save_now(checkpointer: Any, step: int) -> None:
+def save_now(checkpointer: Any, step: int) -> None:
     """A full checkpoint of ``step`` through TorchTitan's own save (its interval made 1 for it)."""
     interval = checkpointer.interval
     checkpointer.interval = 1
@@ -227,7 +228,7 @@ def finish_for_move(trainer: Any) -> bool:
         logger.warning("titan_morph: %s; not applied: no launcher to restart the ranks", move.describe())
         return False
     logger.warning("titan_morph: %s; checkpointing step %d, restarting with the new rank order", move.describe(), step)
-    _save_now(trainer.checkpointer, step)
+    save_now(trainer.checkpointer, step)
     if dist.get_rank() == 0:
         slow = {**known_slow_pairs(), **move.slow}
         request_relaunch(move.new.hosts, step, exchange.moves_before + 1, move.describe(), slow)

@@ -7,8 +7,14 @@ all exit cleanly; the supervisor takes the request (:func:`take_request`) and st
 with ``$TITAN_MORPH_HOSTS`` (the host of each rank, read by :func:`hosts_from_env`),
 ``$TITAN_MORPH_TOPOLOGY_CHANGES`` (moves so far) and ``$TITAN_MORPH_SLOW_PAIRS`` (the host pairs
 measured slow and their planned delays, :func:`known_slow_pairs`: the pipeline scheduler of the
-relaunched run plans for the ones that now carry pipeline traffic). Pure Python: the launcher
-imports it before any rank starts.
+relaunched run plans for the ones that now carry pipeline traffic).
+
+A re-partition (``[morph] partition = "auto"``) uses the same protocol with the hosts unchanged: its
+request also names environment variables for the next launch (``env``): ``$TITAN_MORPH_SPLIT``,
+the transformer layers of every stage (:func:`split_from_env`), and ``$TITAN_MORPH_PARTITION``, what
+the partition's monitor carries (per-layer costs, rank speeds, the relaunch cost). The supervisor
+sets ``$TITAN_MORPH_LAUNCH_TIME`` (wall-clock seconds) when it starts each launch, from which the
+ranks measure their start-up. Pure Python: the launcher imports it before any rank starts.
 """
 
 from __future__ import annotations
@@ -21,13 +27,18 @@ from typing import Any
 
 __all__ = [
     "HOSTS_ENV",
+    "LAUNCH_ENV",
     "MOVES_ENV",
+    "PARTITION_ENV",
     "RELAUNCH_ENV",
     "SLOW_ENV",
+    "SPLIT_ENV",
     "known_slow_pairs",
     "hosts_from_env",
+    "launch_time",
     "relaunch_available",
     "request_relaunch",
+    "split_from_env",
     "take_request",
 ]
 
@@ -39,6 +50,35 @@ RELAUNCH_ENV = "TITAN_MORPH_RELAUNCH_FILE"
 """Where rank 0 asks the supervisor for a relaunch."""
 SLOW_ENV = "TITAN_MORPH_SLOW_PAIRS"
 """Host pairs measured slow before this launch with their planned delays: ``"0-1:35,2-5:10"``."""
+SPLIT_ENV = "TITAN_MORPH_SPLIT"
+"""Transformer layers per pipeline stage of this launch, ``"5,5,4,2"`` (unset: the configured split)."""
+PARTITION_ENV = "TITAN_MORPH_PARTITION"
+"""What a re-partition carries into the next launch (JSON, :class:`~titan_morph.monitor.repartition.PartitionState`)."""
+LAUNCH_ENV = "TITAN_MORPH_LAUNCH_TIME"
+"""When the supervisor started this launch (``time.time()`` seconds)."""
+CARRIED = (SPLIT_ENV, PARTITION_ENV)
+"""The variables a request may set for the next launch."""
+
+
+def split_from_env() -> tuple[int, ...] | None:
+    """``$TITAN_MORPH_SPLIT`` as layers per stage (None when unset); a value that is not a list of
+    integers >= 0 is a ``ValueError`` naming the variable."""
+    raw = os.environ.get(SPLIT_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        split = tuple(int(n) for n in raw.split(","))
+    except ValueError:
+        raise ValueError(f"{SPLIT_ENV}: {raw!r} is not a comma-separated list of layer counts") from None
+    if any(n < 0 for n in split):
+        raise ValueError(f"{SPLIT_ENV}: {raw!r} has a negative layer count")
+    return split
+
+
+def launch_time() -> float | None:
+    """``$TITAN_MORPH_LAUNCH_TIME`` (None when unset: no supervisor)."""
+    raw = os.environ.get(LAUNCH_ENV, "")
+    return float(raw) if raw else None
 
 
 def hosts_from_env(world: int) -> tuple[int, ...] | None:
@@ -84,15 +124,25 @@ def relaunch_available() -> bool:
 
 
 def request_relaunch(
-    hosts: Sequence[int], step: int, moves: int, reason: str, slow: Mapping[tuple[int, int], float] | None = None
+    hosts: Sequence[int],
+    step: int,
+    moves: int,
+    reason: str,
+    slow: Mapping[tuple[int, int], float] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> None:
     """Ask the supervisor to restart the job with ``hosts[r]`` running rank ``r`` once it exits
     (call on one rank, after the checkpoint of ``step``); ``moves``: moves made so far; ``slow``:
-    every host pair known slow, with its planned delay."""
+    every host pair known slow, with its planned delay; ``env``: variables of :data:`CARRIED` for
+    the next launch."""
+    unknown = sorted(set(env or {}) - set(CARRIED))
+    if unknown:
+        raise ValueError(f"request_relaunch: {unknown} are not variables a relaunch carries ({', '.join(CARRIED)})")
     path = Path(os.environ[RELAUNCH_ENV])
     tmp = path.with_suffix(".tmp")
-    request = {"hosts": list(hosts), "step": step, "moves": moves, "reason": reason}
+    request: dict[str, Any] = {"hosts": list(hosts), "step": step, "moves": moves, "reason": reason}
     request["slow"] = slow_pairs_spec(slow or {})
+    request["env"] = dict(env or {})
     tmp.write_text(json.dumps(request))
     tmp.replace(path)
 

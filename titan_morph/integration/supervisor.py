@@ -19,7 +19,10 @@ checkpoint, rank 0 writes the new host of every rank there and they exit cleanly
 then starts torchrun again in the same run folder (``$TITAN_MORPH_RUN_ID`` is kept), with
 ``$TITAN_MORPH_HOSTS`` naming each rank's host, ``$TITAN_MORPH_TOPOLOGY_CHANGES`` the moves made
 so far and ``$TITAN_MORPH_SLOW_PAIRS`` the pairs measured slow, and the ranks resume from the
-checkpoint. At most :data:`MAX_RELAUNCHES` times per run.
+checkpoint. A re-partition (``[morph] partition = "auto"``) relaunches the same way with the
+hosts unchanged and the request's ``env`` (the new split, what the partition's monitor carries).
+Each launch gets ``$TITAN_MORPH_LAUNCH_TIME``, when it started. At most :data:`MAX_RELAUNCHES`
+times per run.
 
 ``python -m titan_morph.launch supervise -- COMMAND ...`` runs :func:`supervise_main`.
 """
@@ -47,7 +50,16 @@ from titan_morph.comm.machine.system import (
     signal_group,
     signal_process,
 )
-from titan_morph.integration.relaunch import HOSTS_ENV, MOVES_ENV, RELAUNCH_ENV, SLOW_ENV, take_request
+from titan_morph.integration.relaunch import (
+    CARRIED,
+    HOSTS_ENV,
+    LAUNCH_ENV,
+    MOVES_ENV,
+    RELAUNCH_ENV,
+    SLOW_ENV,
+    SPLIT_ENV,
+    take_request,
+)
 
 TRAIN_MODULE = "titan_morph.train"
 STOP_GRACE_S = 10.0
@@ -200,6 +212,7 @@ def supervise(cmd: list[str], env: Mapping[str, str] | None = None) -> int:
     try:
         while True:
             segments_before = shm_segments()
+            child_env[LAUNCH_ENV] = repr(time.time())
             try:
                 proc = subprocess.Popen(
                     _with_log_dir(cmd, log_dir),
@@ -228,9 +241,15 @@ def supervise(cmd: list[str], env: Mapping[str, str] | None = None) -> int:
             child_env[HOSTS_ENV] = ",".join(str(h) for h in wanted["hosts"])
             child_env[MOVES_ENV] = str(wanted["moves"])
             child_env[SLOW_ENV] = wanted.get("slow", "")
+            carried = {k: str(v) for k, v in wanted.get("env", {}).items() if k in CARRIED}
+            child_env.update(carried)
+            what = (
+                f"with layers per stage [{carried[SPLIT_ENV].replace(',', ', ')}]"
+                if SPLIT_ENV in carried
+                else f"with the host of each rank {wanted['hosts']} (topology move {wanted['moves']})"
+            )
             print(
-                f"titan_morph.launch: relaunching after step {wanted['step']} with the host of each rank "
-                f"{wanted['hosts']} (topology move {wanted['moves']}): {wanted['reason']}",
+                f"titan_morph.launch: relaunching after step {wanted['step']} {what}: {wanted['reason']}",
                 file=sys.stderr,
                 flush=True,
             )

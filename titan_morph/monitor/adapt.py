@@ -11,6 +11,11 @@ links to the delegates).
 
 Before the first decision, when the stage times were not configured, the initial plan is rebuilt
 from the times measured over the first ``profile_steps`` steps (``[morph] profile_steps``).
+
+With ``[morph] partition = "auto"`` a :class:`~titan_morph.monitor.repartition.Partitioner`
+(:attr:`Monitor.partitioner`) watches every rank's compute speed on the same profiles: its re-plans
+for the measured speeds (with the links' planned delays) are changes like the link detector's, and
+its re-partition decision waits in ``partitioner.repartition`` for the trainer.
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from titan_morph.monitor.delays import LinkEstimate, estimate_links, quantile
 from titan_morph.monitor.detect import Decision, Detector, DetectRule
 from titan_morph.monitor.profile import StepProfile
+from titan_morph.monitor.repartition import Partitioner
 from titan_morph.monitor.replan import MeasuredTimes, adapted_plan, search_iterations, wire_capacity_ms
 from titan_morph.pipelining.model import CostModel, Plan
 from titan_morph.pipelining.slackness import tolerance_ms
@@ -116,6 +122,7 @@ class Monitor:
         self.decisions = 0
         self.last_change: Change | None = None
         self.step = 0
+        self.partitioner: Partitioner | None = None  # partition = "auto": set by the runtime's assembly
 
     def tolerances(self, *plans: Plan) -> list[list[float]]:
         """Eq. 1 tolerance of every link under each of ``plans``, with the measured stage times."""
@@ -137,9 +144,32 @@ class Monitor:
             logger.warning("titan_morph: step %d: %s (adaptation off)", step, "; ".join(decision.reasons))
         if change is None and step == self.profile_steps and self.initial_planner is not None:
             change = self._profiled_initial_plan(active, self.initial_planner)
+        if self.partitioner is not None:
+            change = self._compute_change(step, profiles, change)
         if change is not None:
             self._made(change)
         return change
+
+    def _compute_change(self, step: int, profiles: list[StepProfile], change: Change | None) -> Change | None:
+        """The partitioner's re-plan for measured speeds, merged into the link side's ``change``
+        (whose link moves stand)."""
+        assert self.partitioner is not None
+        t0 = time.monotonic()
+        out = self.partitioner.observe(step, profiles, self.detector.planned_ms)
+        for note in self.partitioner.notes:
+            logger.warning("titan_morph: %s", note)
+        self.partitioner.notes.clear()
+        if out is None:
+            return change
+        plan, reason = out
+        if not self.policy.enabled:
+            logger.warning("titan_morph: step %d: %s (adaptation off)", step, reason)
+            return change
+        replan_ms = (time.monotonic() - t0) * 1e3
+        if change is None:
+            return Change(step, plan, (reason,), self.detector.planned_ms, replan_ms=replan_ms)
+        reasons = (*change.reasons, reason)
+        return replace(change, plan=plan, reasons=reasons, replan_ms=change.replan_ms + replan_ms)
 
     def _made(self, change: Change) -> None:
         self.decisions += 1
@@ -241,4 +271,6 @@ class Monitor:
             for name, value in figures.items():
                 if value is not None and math.isfinite(value):
                     out[f"morph/{name}/link{est.link}"] = value
+        if self.partitioner is not None:
+            out.update(self.partitioner.metrics())
         return out

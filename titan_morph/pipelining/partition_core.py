@@ -78,7 +78,8 @@ class LayerCost:
 @dataclass(frozen=True)
 class PartitionProblem:
     """What to split and on what (module docstring). ``memory``: bytes per rank, None = unbounded;
-    ``delays``/``transmit``: ms per link between ranks (R − 1 values, empty = 0)."""
+    ``delays``/``transmit``: ms per link between ranks (R − 1 values, empty = 0); ``max_in_flight``:
+    a cap on every rank's microbatches in flight whatever its bytes (a run's memory budget)."""
 
     layers: tuple[LayerCost, ...]
     rank_speed: tuple[float, ...]
@@ -87,6 +88,7 @@ class PartitionProblem:
     delays: tuple[float, ...] = ()
     transmit: tuple[float, ...] = ()
     memory: tuple[float, ...] | None = None
+    max_in_flight: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -150,6 +152,8 @@ class PartitionProblem:
     def in_flight_cap(self, rank: int, ranges: Sequence[tuple[int, int]]) -> int | None:
         """M_r for a rank holding these layer ranges, or None when they do not fit its memory."""
         full = self.microbatches * self.stages_per_rank
+        if self.max_in_flight is not None:
+            full = min(full, self.max_in_flight)
         if self.memory is None:
             return full
         room = self.memory[rank] - sum(self._span("param_bytes", a, b) for a, b in ranges)
@@ -177,6 +181,8 @@ class PartitionProblem:
         speed = [self.rank_speed[self.rank_of(s)] for s in range(self.stages)]
         times = {k: [self._span(k, a, b) / v for (a, b), v in zip(ranges, speed)] for k in ("fwd", "bwd", "wgt")}
         memory: tuple[int, ...] | None = None
+        if self.memory is None and self.max_in_flight is not None:
+            memory = (min(self.microbatches * self.stages_per_rank, self.max_in_flight),) * self.ranks
         if self.memory is not None:
             caps = []
             for r in range(self.ranks):

@@ -126,6 +126,14 @@ class StepExchange:
         dist.all_gather(rows, mine, group=self.group)
         return [r.tolist() for r in rows]
 
+    def agree_max(self, value: float) -> float:
+        """Collective: the largest of every rank's ``value`` (one number every rank then decides on,
+        e.g. the relaunch cost each measured)."""
+        mine = torch.tensor([value], dtype=torch.float64)
+        gathered = [torch.zeros_like(mine) for _ in range(self.size)]
+        dist.all_gather(gathered, mine, group=self.group)
+        return max(float(t.item()) for t in gathered)
+
     def agree(self, plan_id: str) -> None:
         """Collective: raise :class:`PlanMismatchError` on every rank unless all hold ``plan_id``."""
         mine = torch.tensor([plan_number(plan_id)], dtype=torch.int64)

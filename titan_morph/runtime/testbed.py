@@ -35,6 +35,10 @@ or shortens an op below its real compute time; a host slower than the device sti
 A process running several stages (the V) pads all of them on one device clock: one device runs
 them all, one op at a time.
 
+Compute stragglers. Each op's target is its configured time x this rank's compute factor in the
+current step (``[morph.inject] compute_factor``, :data:`titan_morph.runtime.slowdown.ACTIVE`), the
+factor the simulator applies to the same stage (:mod:`titan_morph.pipelining.speeds`).
+
 Message size. :func:`pad_stage_messages` makes every inter-stage message a fixed number of bytes
 (``[morph.synthetic] message_kb``), whatever the model's width: the activations travel with a zero
 tensor beside them, which the next stage drops (its gradient, zeros, comes back the same way), so
@@ -51,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from titan_morph.comm.transport import Handle
+from titan_morph.runtime.slowdown import ACTIVE
 
 # A wait counts as "blocked" (the input was not there yet) if it took longer than this.
 WAIT_BLOCKED_S = 2e-4
@@ -183,8 +188,10 @@ def pad_stage_compute(
     *,
     hide_host_gap_ms: float = DEFAULT_HIDE_HOST_GAP_MS,
     clock: DeviceClock | None = None,
+    factor: Callable[[], float] = ACTIVE.factor,
 ) -> DeviceClock:
-    """Pad ``stage``'s F/I/W (and fused B) calls to ``times`` on a device clock; returns the clock.
+    """Pad ``stage``'s F/I/W (and fused B) calls to ``times`` x ``factor()`` (the rank's compute
+    factor now) on a device clock; returns the clock.
 
     ``hide_host_gap_ms = 0`` disables hiding (every op is padded from the moment it is called).
     ``clock``: the device clock of another stage of this rank, to share (the V); None: a new one.
@@ -200,13 +207,14 @@ def pad_stage_compute(
     backward_weight = stage.backward_weight_one_chunk
 
     def forward_one_chunk(*args: Any, **kwargs: Any) -> Any:
-        return clock.run(fwd, forward, *args, **kwargs)
+        return clock.run(fwd * factor(), forward, *args, **kwargs)
 
     def backward_one_chunk(*args: Any, **kwargs: Any) -> Any:
-        return clock.run(bwd + wgt if kwargs.get("full_backward", True) else bwd, backward, *args, **kwargs)
+        target = bwd + wgt if kwargs.get("full_backward", True) else bwd
+        return clock.run(target * factor(), backward, *args, **kwargs)
 
     def backward_weight_one_chunk(*args: Any, **kwargs: Any) -> Any:
-        return clock.run(wgt, backward_weight, *args, **kwargs)
+        return clock.run(wgt * factor(), backward_weight, *args, **kwargs)
 
     # on this stage instance only: torch's schedules call these methods by name, with no hook around them
     stage.forward_one_chunk = forward_one_chunk

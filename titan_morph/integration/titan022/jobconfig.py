@@ -163,6 +163,38 @@ def _check_schedule(job_config: TitanJobConfig) -> None:
     common.check_schedule(par)
 
 
+def _check_model(job_config: TitanJobConfig, settings: Settings) -> None:
+    """The checks that need titan_morph's model (:func:`~titan_morph.integration.partition.check_model`),
+    when the partition or the ranks' memory is set."""
+    morph = settings.morph
+    if job_config.model.name != TRAIN_SPEC_NAME or not (
+        morph.partition != "even" or morph.rank_memory_gb or morph.split
+    ):
+        return
+    from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_part
+    from torchtitan.models.llama3 import llama3_args
+
+    from titan_morph.integration.partition import check_model
+    from titan_morph.integration.titan022.shape import model_shape, synthetic_shape
+
+    flavor = job_config.model.flavor
+    if flavor == "synthetic":
+        shape = synthetic_shape(settings, job_config)
+    elif flavor in llama3_args:
+        shape = model_shape(llama3_args[flavor], job_config)
+    else:
+        return  # TorchTitan names the unknown flavor itself
+    manual = None
+    if morph.partition == "manual" and settings.job.stages_per_rank == 1:
+        try:
+            manual = common.stage_module_names(
+                job_config.parallelism, settings.stages, shape.layers, generate_llm_fqn_per_model_part, "[parallelism] "
+            )
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    check_model(settings, shape, manual)
+
+
 # TorchTitan hands one JobConfig to the trainer, the model args and the TrainSpec's pipelining_fn, none
 # of which can carry titan_morph's settings to the next: each JobConfig is resolved once, here.
 # Keyed by id (a JobConfig is an unhashable dataclass); an entry goes with its JobConfig.
@@ -190,6 +222,7 @@ def settings_of(job_config: TitanJobConfig, ranks: int | None = None) -> Setting
     morph = with_morph(job_config).morph
     _check_schedule(job_config)
     settings = resolve(morph, job_view(job_config, ranks))
+    _check_model(job_config, settings)
     key = id(job_config)
     _resolved[key] = (weakref.ref(job_config, lambda _: _resolved.pop(key, None)), settings)
     return settings

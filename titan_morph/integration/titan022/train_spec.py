@@ -25,6 +25,7 @@ from torchtitan.tools.logging import logger
 from titan_morph.integration import common
 from titan_morph.integration.titan022.jobconfig import TRAIN_SPEC_NAME, settings_of
 from titan_morph.integration.titan022.metrics import build_morph_metrics_processor
+from titan_morph.integration.titan022.shape import model_shape
 
 
 def stages_per_rank(job_config: JobConfig, placement: str, pp: int, num_layers: int) -> int:
@@ -63,6 +64,7 @@ def pipeline_stages(
         settings_of=lambda: settings_of(job_config),
         loss_fn=loss_fn,
         logger=logger,
+        shape=model_shape(model_args, job_config),
     )
 
 

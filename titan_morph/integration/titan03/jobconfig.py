@@ -178,7 +178,39 @@ def settings_of(config: Trainer.Config, ranks: int | None = None) -> Settings:
     if not isinstance(morph, Morph):
         raise ConfigError(f"morph: the config has no morph field: return MorphTrainer.Config (see {CONFIG_MODULE})")
     _check_schedule(config)
-    return resolve(morph, job_view(config, ranks))
+    settings = resolve(morph, job_view(config, ranks))
+    _check_model(config, settings)
+    return settings
+
+
+def _check_model(config: Trainer.Config, settings: Settings) -> None:
+    """The checks that need titan_morph's model (:func:`~titan_morph.integration.partition.check_model`),
+    when the partition or the ranks' memory is set."""
+    morph = settings.morph
+    spec = config.model_spec
+    if (
+        not _is_morph_model(config)
+        or spec is None
+        or not (morph.partition != "even" or morph.rank_memory_gb or morph.split)
+    ):
+        return
+    from titan_morph.integration.partition import check_model
+    from titan_morph.integration.titan03.shape import model_shape
+    from titan_morph.integration.titan03.synthetic import FLAVOR, sized_model
+
+    model = sized_model(settings) if spec.flavor == FLAVOR else spec.model
+    shape = model_shape(model, config.training, config.parallelism)
+    manual = None
+    if morph.partition == "manual" and settings.job.stages_per_rank == 1:
+        from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+
+        try:
+            manual = common.stage_module_names(
+                config.parallelism, settings.stages, shape.layers, _generate_llm_fqn_per_model_part, "parallelism."
+            )
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    check_model(settings, shape, manual)
 
 
 def load(

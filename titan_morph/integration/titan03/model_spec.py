@@ -34,6 +34,7 @@ from torchtitan.tools.logging import logger
 
 from titan_morph.integration import common
 from titan_morph.integration.titan03.jobconfig import MODEL_NAME, active_settings
+from titan_morph.integration.titan03.shape import model_shape
 
 __all__ = ["MODEL_NAME", "morph_model_spec", "pipeline_stages", "scalar_loss", "stages_per_rank"]
 
@@ -102,6 +103,7 @@ def pipeline_stages(
         settings_of=active_settings,
         loss_fn=scalar_loss(loss_fn),
         logger=logger,
+        shape=model_shape(model_config, training, parallelism),
     )
 
 

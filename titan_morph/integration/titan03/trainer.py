@@ -44,11 +44,10 @@ __all__ = ["MorphTrainer", "run_id"]
 
 
 def _synthetic_model(settings: Settings) -> Llama3Model.Config:
-    """The ``synthetic`` flavor's model config: width from ``morph.synthetic.hidden``, one layer per stage."""
-    from titan_morph.integration.titan03.synthetic import synthetic_model
+    """The ``synthetic`` flavor's model config (:func:`~titan_morph.integration.titan03.synthetic.sized_model`)."""
+    from titan_morph.integration.titan03.synthetic import sized_model
 
-    hidden = settings.morph.synthetic.hidden
-    return synthetic_model(hidden, max(1, settings.stages * (settings.job.stages_per_rank or 2)))
+    return sized_model(settings)
 
 
 class MorphTrainer(MorphTrainerMethods, Trainer):  # type: ignore[misc]
