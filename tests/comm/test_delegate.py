@@ -156,7 +156,7 @@ def _delayed(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
     from titan_morph.comm.delegate.transport import DelegateTransport
-    from titan_morph.comm.emulator.transport import CommTimeoutError
+    from titan_morph.comm.records import CommTimeoutError
     from titan_morph.pipelining.links import StaticDelays
 
     out: dict = {}

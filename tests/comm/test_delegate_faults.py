@@ -296,7 +296,7 @@ def test_receive_slots_are_released_when_their_copy_completes_without_blocking()
 def test_a_failed_pin_names_the_cuda_error_and_clears_it(monkeypatch, tmp_path) -> None:
     import torch
 
-    from titan_morph.comm.delegate.transport import shm
+    from titan_morph.comm.delegate import shm
 
     class FakeCudart:
         def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
