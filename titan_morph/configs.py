@@ -5,8 +5,9 @@ from titan_morph.integration.titan03.configs import (
     adapt_cpu,
     debug_cpu,
     hybrid_cpu,
+    partition_cpu,
     straggler_demo_cpu,
     synthetic_cpu,
 )
 
-__all__ = ["adapt_cpu", "debug_cpu", "hybrid_cpu", "straggler_demo_cpu", "synthetic_cpu"]
+__all__ = ["adapt_cpu", "debug_cpu", "hybrid_cpu", "partition_cpu", "straggler_demo_cpu", "synthetic_cpu"]

@@ -17,7 +17,14 @@ from tests.launch import REPO, _child_env
 from tests.titan03.runs import check
 
 TRANSPORT_ERROR = "error: morph.transport: 'bogus' is not one of default, delegate, auto"
-SHIPPED = {"debug_cpu": 4, "straggler_demo_cpu": 4, "synthetic_cpu": 4, "adapt_cpu": 4, "hybrid_cpu": 4}
+SHIPPED = {
+    "debug_cpu": 4,
+    "straggler_demo_cpu": 4,
+    "synthetic_cpu": 4,
+    "adapt_cpu": 4,
+    "hybrid_cpu": 4,
+    "partition_cpu": 4,
+}
 """Config function -> ranks, one per TOML of train_configs/ (llama3_8b_pp8 is a GPU example)."""
 
 

@@ -68,8 +68,8 @@ class Inject:
     """
 
     mode: InjectMode = "none"
-    """none | static (fixed ``delays_ms``) | random (§7.2: N(mean, std) re-drawn every
-    U(interval) ms) | trace (replay ``trace_file``, e.g. the paper's Table 3) | break (the default
+    """none | static (fixed ``delays_ms`` and/or ``compute_factor``) | random (§7.2: N(mean, std)
+    re-drawn every U(interval) ms) | trace (replay ``trace_file``, e.g. the paper's Table 3) | break (the default
     path of ``links`` fails for real from ``start_step`` to ``end_step``: its process group is torn
     down on one side; needs ``transport = "auto"``, which moves the links to the delegates)."""
 

@@ -16,6 +16,7 @@ function               0.2.2 TOML                           job
 ``synthetic_cpu``      train_configs/synthetic_cpu.toml     synthetic testbed, F=B=W=10 ms
 ``adapt_cpu``          train_configs/adapt_cpu.toml         live adaptation, steps 5-14
 ``hybrid_cpu``         train_configs/hybrid_cpu.toml        DP x PP: PP=2 x FSDP=2
+``partition_cpu``      train_configs/partition_cpu.toml     rank 3 twice as slow, partition auto
 =====================  ===================================  ====================================
 
 The llama3 debug model is 0.3.0's own (flex attention, fused QKV, its initialisation), so its
@@ -47,7 +48,7 @@ from titan_morph.integration.titan03.synthetic import FLAVOR as SYNTHETIC  # noq
 from titan_morph.integration.titan03.synthetic import VOCAB  # noqa: E402
 from titan_morph.integration.titan03.trainer import MorphTrainer  # noqa: E402
 
-__all__ = ["adapt_cpu", "debug_cpu", "hybrid_cpu", "straggler_demo_cpu", "synthetic_cpu"]
+__all__ = ["adapt_cpu", "debug_cpu", "hybrid_cpu", "partition_cpu", "straggler_demo_cpu", "synthetic_cpu"]
 
 _SEED = 42
 
@@ -192,5 +193,25 @@ def hybrid_cpu() -> MorphTrainer.Config:
     config.training.mixed_precision_param = "float32"
     config.checkpoint = CheckpointManager.Config(
         enable=True, folder="checkpoint", interval=1000, last_save_model_only=True, initial_load_model_only=False
+    )
+    return config
+
+
+def partition_cpu() -> MorphTrainer.Config:
+    """Compute stragglers and ``partition = "auto"``: the synthetic model with 16 layers of F = B = W
+    = 2.5 ms, rank 3 twice as slow from step 4; the layers move off it through a checkpoint and a
+    relaunch once the time the even split loses exceeds the relaunch cost."""
+    layer = [2.5]
+    morph = replace(
+        _synthetic_morph(),
+        transport="default",
+        partition="auto",
+        profile_steps=2,
+        synthetic=Synthetic(enabled=True, layers=16, fwd_ms=layer, bwd_ms=layer, wgt_ms=layer, hidden=64),
+        inject=Inject(mode="static", compute_factor=[1.0, 1.0, 1.0, 2.0], start_step=4),
+    )
+    config = _synthetic_job("partition_cpu", 80, morph)
+    config.checkpoint = CheckpointManager.Config(
+        enable=True, folder="checkpoint", interval=100000, keep_latest_k=2, initial_load_model_only=False
     )
     return config

@@ -1,0 +1,116 @@
+"""partition = "auto" in real torchrun jobs: a compute straggler is measured, the schedule re-planned
+and the layers moved through a checkpoint and the launcher's relaunch; the losses are those of an
+undisturbed run, and nothing is left behind.
+
+* the module split of a split (TorchTitan's names), and the supervisor's relaunch carrying the split;
+* the synthetic testbed (train_configs/partition_cpu.toml, shortened): rank 3 twice as slow from
+  step 4, detected in 2 steps, moved at once (``repartition_after = 0``) to 5,5,4,2;
+* the llama3 debug model (``slow``): a straggler from the start, the measured costs move layers, and
+  the losses equal an undisturbed run's (1e-5).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_part
+
+from tests.launch import DEFAULT_CONFIG, REPO, RunResult, launch
+from titan_morph.integration.partition import module_names
+from titan_morph.integration.supervisor import torchrun_command
+
+PARTITION = REPO / "train_configs" / "partition_cpu.toml"
+LLAMA_STEPS = 6
+
+
+def _run(config, folder, *overrides: str, timeout_s: float = 400) -> RunResult:
+    result = launch(torchrun_command(config, folder, 4, overrides), folder, timeout_s=timeout_s)
+    assert result.returncode == 0, f"training failed (exit {result.returncode}):\n{result.tail(80)}"
+    return result
+
+
+def test_module_names_of_a_split_follow_the_releases_names():
+    names = module_names(generate_llm_fqn_per_model_part, 6, (2, 3, 1, 0))
+    assert names == [
+        ["tok_embeddings", "layers.0", "layers.1"],
+        ["layers.2", "layers.3", "layers.4"],
+        ["layers.5"],
+        ["norm", "output"],
+    ]
+    # TorchTitan's even split is the layers' split with the embedding and the output as a layer each
+    assert module_names(generate_llm_fqn_per_model_part, 6, (1, 2, 2, 1)) == generate_llm_fqn_per_model_part(4, 6)
+
+
+JOB = """
+import json, os, sys
+from titan_morph.integration.relaunch import request_relaunch
+log = sys.argv[1]
+names = ("TITAN_MORPH_SPLIT", "TITAN_MORPH_PARTITION", "TITAN_MORPH_HOSTS", "TITAN_MORPH_LAUNCH_TIME")
+with open(log, "a") as fh:
+    fh.write(json.dumps([os.environ.get(name) for name in names]) + "\\n")
+if sum(1 for _ in open(log)) == 1:
+    env = {"TITAN_MORPH_SPLIT": "5,5,4,2", "TITAN_MORPH_PARTITION": '{"x": 1}'}
+    request_relaunch([0, 1, 2, 3], 25, 0, "test re-partition", env=env)
+"""
+
+
+def test_supervisor_relaunches_with_the_carried_split(tmp_path):
+    script, log = tmp_path / "job.py", tmp_path / "launches.jsonl"
+    script.write_text(JOB)
+    cmd = [sys.executable, "-m", "titan_morph.launch", "supervise", "--", sys.executable, str(script), str(log)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    first, second = (json.loads(line) for line in log.read_text().splitlines())
+    assert first[:2] == [None, None] and second[:3] == ["5,5,4,2", '{"x": 1}', "0,1,2,3"]
+    assert float(second[3]) > float(first[3]) > 0  # each launch knows when it started
+    assert "relaunching after step 25 with layers per stage [5, 5, 4, 2]: test re-partition" in proc.stderr
+
+
+def test_synthetic_straggler_is_detected_replanned_and_moved(tmp_path, no_leftovers):
+    fast = ("--training.steps", "8", "--morph.detect_consecutive", "2", "--morph.repartition_after", "0")
+    result = _run(PARTITION, tmp_path / "run", *fast)
+    out = result.output
+    assert "step 5: rank 3 slow: op time" in out and "layers per stage [5, 5, 4, 2] would plan" in out, result.tail(60)
+    assert out.count("titan_morph.launch: relaunching") == 1
+    assert "relaunching after step 5 with layers per stage [5, 5, 4, 2]" in out
+    assert "Training starts at step 6" in out and "from before the relaunch" in out
+    split = {s: result.scalars(f"morph/partition/stage{s}") for s in range(4)}
+    assert [split[s][5] for s in range(4)] == [4.0] * 4 and [split[s][8] for s in range(4)] == [5.0, 5.0, 4.0, 2.0]
+    assert result.scalars("morph/repartitions")[8] == 1.0 and result.scalars("morph/slow_rank/rank3")[8] == 1.0
+    assert sorted(result.losses()) == list(range(1, 9))
+    no_leftovers(tmp_path)
+
+
+@pytest.mark.slow
+def test_llama_repartition_gives_the_losses_of_an_undisturbed_run(tmp_path, no_leftovers):
+    steps = ("--training.steps", str(LLAMA_STEPS))
+    moved = _run(
+        DEFAULT_CONFIG,
+        tmp_path / "moved",
+        *steps,
+        "--checkpoint.enable",
+        "--checkpoint.interval",
+        "1000",
+        "--morph.partition",
+        "auto",
+        "--morph.inject.mode",
+        "static",
+        "--morph.inject.compute_factor",
+        "1,1,1,2",
+        "--morph.repartition_after",
+        "0",
+    )
+    assert moved.output.count("titan_morph.launch: relaunching after step 3 with layers per stage") == 1, moved.tail(80)
+    assert "Training starts at step 4" in moved.output
+    base = _run(DEFAULT_CONFIG, tmp_path / "base", *steps)
+    ref, got = base.losses(), moved.losses()
+    assert sorted(ref) == sorted(got) == list(range(1, LLAMA_STEPS + 1))
+    for step, loss in ref.items():
+        assert got[step] == pytest.approx(loss, rel=1e-5), f"step {step}: re-partitioned {got[step]} vs {loss}"
+    assert len(set(ref.values())) == LLAMA_STEPS  # the model trains
+    no_leftovers(tmp_path)
