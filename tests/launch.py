@@ -5,12 +5,14 @@
   the run with its traceback, and on timeout every rank is killed.
 * :func:`torchrun` / :func:`launch` -- a real ``torchrun`` training (or ``run_train.sh``) in its own
   process group, killed on timeout; :class:`RunResult` reads its TensorBoard events back with the
-  library's own reader (``titan_morph.compare.results``).
+  library's own reader (``titan_morph.compare.results``);
+* :func:`supervise_script` -- a Python script under the launcher's supervisor (relaunch requests).
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import pickle
 import signal
@@ -222,3 +224,27 @@ def torchrun(
     overrides = ("--parallelism.pipeline_parallel_degree", str(nproc), *overrides)
     cmd = torchrun_command(config, dump_folder, nproc, overrides)
     return launch(cmd, dump_folder, timeout_s=timeout_s, env=env)
+
+
+def supervise_script(
+    folder: Path, script: str, names: tuple[str, ...], timeout_s: float = 60
+) -> tuple[subprocess.CompletedProcess[str], list[list[str | None]]]:
+    """Run ``script`` (Python source) under ``python -m titan_morph.launch supervise``; the script gets
+    the path of a log as its argument, to which :data:`LOG_LAUNCH` (prepended) appends the variables
+    ``names`` of every launch as one JSON line. Returns the supervisor's process and those lines."""
+    path, log = folder / "job.py", folder / "launches.jsonl"
+    path.write_text(LOG_LAUNCH.format(names=tuple(names)) + script)
+    cmd = [sys.executable, "-m", "titan_morph.launch", "supervise", "--", sys.executable, str(path), str(log)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s, env=env)
+    lines = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return proc, lines
+
+
+LOG_LAUNCH = """
+import json, os, sys
+log = sys.argv[1]
+with open(log, "a") as fh:
+    fh.write(json.dumps([os.environ.get(name) for name in {names!r}]) + "\\n")
+launches = sum(1 for _ in open(log))
+"""

@@ -11,16 +11,12 @@ The end-to-end acceptance run (18 steps, 30 ms from step 3, step times) is ``slo
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.launch import REPO, RunResult, launch
+from tests.launch import REPO, RunResult, launch, supervise_script
 from titan_morph.integration.supervisor import torchrun_command
 
 CONFIG = REPO / "train_configs" / "hybrid_cpu.toml"
@@ -121,13 +117,7 @@ def test_slow_dp_pair_is_moved_and_losses_equal_the_undisturbed_run(seed, undist
 
 
 JOB = """
-import json, os, sys
 from titan_morph.integration.relaunch import request_relaunch
-log = sys.argv[1]
-names = ("TITAN_MORPH_HOSTS", "TITAN_MORPH_TOPOLOGY_CHANGES", "TITAN_MORPH_SLOW_PAIRS", "TITAN_MORPH_RUN_ID")
-with open(log, "a") as fh:
-    fh.write(json.dumps([os.environ.get(name) for name in names]) + "\\n")
-launches = sum(1 for _ in open(log))
 if launches == 1:
     request_relaunch([1, 0, 3, 2], 4, 1, "test move", {(1, 0): 35.0})
 elif launches == 2:
@@ -137,13 +127,9 @@ elif launches == 2:
 
 
 def test_supervisor_relaunches_with_the_new_rank_order(tmp_path):
-    script, log = tmp_path / "job.py", tmp_path / "launches.jsonl"
-    script.write_text(JOB)
-    cmd = [sys.executable, "-m", "titan_morph.launch", "supervise", "--", sys.executable, str(script), str(log)]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
+    names = ("TITAN_MORPH_HOSTS", "TITAN_MORPH_TOPOLOGY_CHANGES", "TITAN_MORPH_SLOW_PAIRS", "TITAN_MORPH_RUN_ID")
+    proc, launches = supervise_script(tmp_path, JOB, names)
     assert proc.returncode == 3, proc.stderr
-    launches = [json.loads(line) for line in log.read_text().splitlines()]
     assert [entry[:3] for entry in launches] == [[None, None, None], ["1,0,3,2", "1", "0-1:35"]]
     assert launches[0][3] == launches[1][3] and launches[0][3]  # one run id: the same run folder
     assert (

@@ -21,6 +21,7 @@ from titan_morph.config import ConfigError, JobView, Settings
 from titan_morph.config.model import ModelShape
 from titan_morph.config.rules import SPLIT_OPTIONS
 from titan_morph.integration.boundary import ParallelismSection, TitanConfig
+from titan_morph.integration.partition import ModuleSplit, stage_module_names
 from titan_morph.integration.relaunch import split_from_env
 
 if TYPE_CHECKING:  # both releases' ParallelDims; torchtitan loads only after the CPU adaptation
@@ -47,9 +48,6 @@ __all__ = [
 RUN_ID_PLACEHOLDER = "{run_id}"
 
 _Config = TypeVar("_Config")
-
-ModuleSplit = Callable[[int, int, int, int], list[list[str]]]
-"""A release's ``generate_llm_fqn_per_model_part(num_stages, num_layers, input_weight, output_weight)``."""
 
 
 def run_id() -> str:
@@ -214,28 +212,6 @@ def stages_per_rank(parallelism: ParallelismSection, placement: str, pp: int, nu
             f" pipeline_parallel_schedule = {par.pipeline_parallel_schedule!r} needs {need}"
         )
     return per_rank
-
-
-def stage_module_names(
-    parallelism: ParallelismSection, num_stages: int, num_layers: int, generate: ModuleSplit, section: str
-) -> list[list[str]]:
-    """Module FQNs per stage: the config's ``module_fqns_per_model_part`` or TorchTitan's split
-    (``generate``: the release's ``generate_llm_fqn_per_model_part``)."""
-    par = parallelism
-    names = par.module_fqns_per_model_part
-    if names is None:
-        names = generate(
-            num_stages,
-            num_layers,
-            par.pipeline_parallel_first_stage_less_layers,
-            par.pipeline_parallel_last_stage_less_layers,
-        )
-    if len(names) != num_stages:
-        raise ValueError(
-            f"{section}module_fqns_per_model_part has {len(names)} parts; the schedule runs {num_stages} stages"
-            " (PP degree x stages per rank), so it needs exactly that many parts"
-        )
-    return list(names)
 
 
 # A torch schedule name per placement: TorchTitan's module split derives its stage placement from it.

@@ -45,10 +45,10 @@ from titan_morph.comm.emulator import collectives
 from titan_morph.config import Settings
 from titan_morph.config.links import pair_delays
 from titan_morph.integration.relaunch import (
+    can_relaunch,
     hosts_from_env,
     known_slow_pairs,
     moves_before,
-    relaunch_available,
     request_relaunch,
 )
 from titan_morph.monitor.topology import Layout, Move, PipelineCost, TopologyMonitor
@@ -221,13 +221,8 @@ def finish_for_move(trainer: Any) -> bool:
         return False
     exchange.applied = True
     step, last = trainer.step, trainer.job_config.training.steps
-    if step >= last:
-        logger.warning("titan_morph: %s; not applied: it was the last step", move.describe())
+    if not can_relaunch(move.describe(), step, last, "the new rank order", logger):
         return False
-    if not relaunch_available():
-        logger.warning("titan_morph: %s; not applied: no launcher to restart the ranks", move.describe())
-        return False
-    logger.warning("titan_morph: %s; checkpointing step %d, restarting with the new rank order", move.describe(), step)
     save_now(trainer.checkpointer, step)
     if dist.get_rank() == 0:
         slow = {**known_slow_pairs(), **move.slow}

@@ -33,10 +33,10 @@ from titan_morph.config.model import GB, ModelShape, check_split_memory, model_e
 from titan_morph.integration.relaunch import (
     PARTITION_ENV,
     SPLIT_ENV,
+    can_relaunch,
     hosts_from_env,
     launch_time,
     moves_before,
-    relaunch_available,
     request_relaunch,
 )
 from titan_morph.monitor.repartition import Partitioner, PartitionState, entries_of, layers_of
@@ -45,20 +45,47 @@ from titan_morph.pipelining.partition import even_split
 if TYPE_CHECKING:
     from torch.distributed.pipelining import PipelineStage
 
+    from titan_morph.integration.boundary import ParallelismSection
+
 __all__ = [
     "attach_partitioner",
     "check_model",
     "finish_for_repartition",
     "launch_split",
+    "ModuleSplit",
     "module_names",
     "prepare_compute",
     "running_split",
+    "stage_module_names",
     "started_launch",
 ]
 
 logger = logging.getLogger(__name__)
 
 ModuleSplit = Callable[[int, int, int, int], list[list[str]]]
+"""A release's ``generate_llm_fqn_per_model_part(num_stages, num_layers, input_weight, output_weight)``."""
+
+
+def stage_module_names(
+    parallelism: ParallelismSection, num_stages: int, num_layers: int, generate: ModuleSplit, section: str
+) -> list[list[str]]:
+    """Module FQNs per stage: the config's ``module_fqns_per_model_part`` or TorchTitan's split
+    (``generate``: the release's ``generate_llm_fqn_per_model_part``)."""
+    par = parallelism
+    names = par.module_fqns_per_model_part
+    if names is None:
+        names = generate(
+            num_stages,
+            num_layers,
+            par.pipeline_parallel_first_stage_less_layers,
+            par.pipeline_parallel_last_stage_less_layers,
+        )
+    if len(names) != num_stages:
+        raise ValueError(
+            f"{section}module_fqns_per_model_part has {len(names)} parts; the schedule runs {num_stages} stages"
+            " (PP degree x stages per rank), so it needs exactly that many parts"
+        )
+    return list(names)
 
 
 def launch_split(settings: Settings, num_layers: int, stages: int) -> tuple[int, ...] | None:
@@ -105,17 +132,20 @@ def module_names(generate: ModuleSplit, num_layers: int, layers_per_stage: Seque
     return out
 
 
-def check_model(settings: Settings, shape: ModelShape | None, manual: list[list[str]] | None = None) -> None:
+def check_model(
+    settings: Settings, shape: ModelShape, parallelism: ParallelismSection, generate: ModuleSplit, section: str
+) -> None:
     """The checks that need the model (before any rank, and on every rank): the split of this
-    launch (``manual``: the module names of TorchTitan's split options) fits the model and every
-    rank's ``rank_memory_gb``. One :class:`ConfigError`."""
+    launch (``manual``: TorchTitan's, from ``parallelism`` and the release's ``generate``) fits the
+    model and every rank's ``rank_memory_gb``. One :class:`ConfigError`."""
     morph = settings.morph
     stages = settings.stages
-    if shape is None or stages < 2 or settings.job.stages_per_rank != 1:
+    if stages < 2 or settings.job.stages_per_rank != 1:
         return
     try:
-        if manual is not None:
-            split = tuple(sum(1 for n in names if n.startswith("layers.")) for names in manual)
+        if morph.partition == "manual":
+            names = stage_module_names(parallelism, stages, shape.layers, generate, section)
+            split = tuple(sum(1 for n in part if n.startswith("layers.")) for part in names)
         else:
             split = running_split(settings, shape.layers, stages)
     except ValueError as err:
@@ -199,14 +229,9 @@ def finish_for_repartition(trainer: Any, save: Callable[[Any, int], None]) -> bo
     if part is None or move is None or part.applied:
         return False
     part.applied = True
-    step, last = trainer.step, part.steps
-    if step >= last:
-        logger.warning("titan_morph: %s; not applied: it was the last step", move.describe())
+    step = trainer.step
+    if not can_relaunch(move.describe(), step, part.steps, "the new split", logger):
         return False
-    if not relaunch_available():
-        logger.warning("titan_morph: %s; not applied: no launcher to restart the ranks", move.describe())
-        return False
-    logger.warning("titan_morph: %s; checkpointing step %d, restarting with the new split", move.describe(), step)
     decided_at = time.time()
     save(trainer.checkpointer, step)
     if dist.get_rank() == 0:

@@ -20,6 +20,7 @@ ranks measure their start-up. Pure Python: the launcher imports it before any ra
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,6 +34,7 @@ __all__ = [
     "RELAUNCH_ENV",
     "SLOW_ENV",
     "SPLIT_ENV",
+    "can_relaunch",
     "known_slow_pairs",
     "hosts_from_env",
     "launch_time",
@@ -121,6 +123,20 @@ def slow_pairs_spec(pairs: Mapping[tuple[int, int], float]) -> str:
 def relaunch_available() -> bool:
     """Whether a supervisor will restart the ranks on request."""
     return bool(os.environ.get(RELAUNCH_ENV))
+
+
+def can_relaunch(move: str, step: int, last: int, what: str, logger: logging.Logger) -> bool:
+    """Whether a ``move`` (its description) decided after ``step`` is applied by a relaunch with
+    ``what`` (e.g. "the new split"): not after the run's ``last`` step, and only with a launcher to
+    restart the ranks. Logs either way."""
+    if step >= last:
+        logger.warning("titan_morph: %s; not applied: it was the last step", move)
+        return False
+    if not relaunch_available():
+        logger.warning("titan_morph: %s; not applied: no launcher to restart the ranks", move)
+        return False
+    logger.warning("titan_morph: %s; checkpointing step %d, restarting with %s", move, step, what)
+    return True
 
 
 def request_relaunch(

@@ -184,15 +184,7 @@ def _check_model(job_config: TitanJobConfig, settings: Settings) -> None:
         shape = model_shape(llama3_args[flavor], job_config)
     else:
         return  # TorchTitan names the unknown flavor itself
-    manual = None
-    if morph.partition == "manual" and settings.job.stages_per_rank == 1:
-        try:
-            manual = common.stage_module_names(
-                job_config.parallelism, settings.stages, shape.layers, generate_llm_fqn_per_model_part, "[parallelism] "
-            )
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-    check_model(settings, shape, manual)
+    check_model(settings, shape, job_config.parallelism, generate_llm_fqn_per_model_part, "[parallelism] ")
 
 
 # TorchTitan hands one JobConfig to the trainer, the model args and the TrainSpec's pipelining_fn, none

@@ -200,17 +200,9 @@ def _check_model(config: Trainer.Config, settings: Settings) -> None:
 
     model = sized_model(settings) if spec.flavor == FLAVOR else spec.model
     shape = model_shape(model, config.training, config.parallelism)
-    manual = None
-    if morph.partition == "manual" and settings.job.stages_per_rank == 1:
-        from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
 
-        try:
-            manual = common.stage_module_names(
-                config.parallelism, settings.stages, shape.layers, _generate_llm_fqn_per_model_part, "parallelism."
-            )
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-    check_model(settings, shape, manual)
+    check_model(settings, shape, config.parallelism, _generate_llm_fqn_per_model_part, "parallelism.")
 
 
 def load(

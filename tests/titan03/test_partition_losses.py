@@ -2,7 +2,7 @@
 from the start moves its layers through a checkpoint and a relaunch, and trains on to the losses of
 an undisturbed run: equal up to the first step after the move, then within 1e-4 (0.3.0's CPU model
 is not bit-stable across pipeline structures, README "TorchTitan 0.3.0"; measured: 5e-5 at step 6;
-0.2.2 gives the same bits, tests/integration/test_partition.py)."""
+0.2.2 gives the same bits, tests/integration/test_partition_runs.py)."""
 
 from __future__ import annotations
 

@@ -11,15 +11,10 @@ undisturbed run, and nothing is left behind.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_part
 
-from tests.launch import DEFAULT_CONFIG, REPO, RunResult, launch
+from tests.launch import DEFAULT_CONFIG, REPO, RunResult, launch, supervise_script
 from titan_morph.integration.partition import module_names
 from titan_morph.integration.supervisor import torchrun_command
 
@@ -46,26 +41,17 @@ def test_module_names_of_a_split_follow_the_releases_names():
 
 
 JOB = """
-import json, os, sys
 from titan_morph.integration.relaunch import request_relaunch
-log = sys.argv[1]
-names = ("TITAN_MORPH_SPLIT", "TITAN_MORPH_PARTITION", "TITAN_MORPH_HOSTS", "TITAN_MORPH_LAUNCH_TIME")
-with open(log, "a") as fh:
-    fh.write(json.dumps([os.environ.get(name) for name in names]) + "\\n")
-if sum(1 for _ in open(log)) == 1:
+if launches == 1:
     env = {"TITAN_MORPH_SPLIT": "5,5,4,2", "TITAN_MORPH_PARTITION": '{"x": 1}'}
     request_relaunch([0, 1, 2, 3], 25, 0, "test re-partition", env=env)
 """
 
 
 def test_supervisor_relaunches_with_the_carried_split(tmp_path):
-    script, log = tmp_path / "job.py", tmp_path / "launches.jsonl"
-    script.write_text(JOB)
-    cmd = [sys.executable, "-m", "titan_morph.launch", "supervise", "--", sys.executable, str(script), str(log)]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
+    names = ("TITAN_MORPH_SPLIT", "TITAN_MORPH_PARTITION", "TITAN_MORPH_HOSTS", "TITAN_MORPH_LAUNCH_TIME")
+    proc, (first, second) = supervise_script(tmp_path, JOB, names)
     assert proc.returncode == 0, proc.stderr
-    first, second = (json.loads(line) for line in log.read_text().splitlines())
     assert first[:2] == [None, None] and second[:3] == ["5,5,4,2", '{"x": 1}', "0,1,2,3"]
     assert float(second[3]) > float(first[3]) > 0  # each launch knows when it started
     assert "relaunching after step 25 with layers per stage [5, 5, 4, 2]: test re-partition" in proc.stderr
