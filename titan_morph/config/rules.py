@@ -275,7 +275,8 @@ def _check_partition(morph: MorphSettings, job: JobView, dp: int) -> None:
             "pipeline_parallel_first_stage_less_layers / pipeline_parallel_last_stage_less_layers",
         )
     if mode != "manual" and job.split_options:
-        raise fail(key, mode, f"splits the layers itself, but the job sets {options}: set morph.partition = manual")
+        what = "TorchTitan's default split" if mode == "even" else "titan_morph's split"
+        raise fail(key, mode, f"is {what}, but the job sets {options}: set morph.partition = manual")
     if job.split is not None and mode != "auto":
         raise fail(
             "TITAN_MORPH_SPLIT", ",".join(map(str, job.split)), "is a re-partition's split: needs partition = auto"
