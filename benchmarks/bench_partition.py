@@ -33,7 +33,7 @@ from pathlib import Path
 from titan_morph.compare.results import PIPELINE_TAG, read_scalars
 from titan_morph.compare.runner import load_outcome, run_command, run_job
 from titan_morph.monitor.repartition import entries_of
-from titan_morph.pipelining.partition import LayerCost, PartitionProblem, evaluate_split
+from titan_morph.pipelining.partition import LayerCost, PartitionProblem, evaluate_split, even_split
 
 CONFIG = Path("train_configs/partition_cpu.toml")
 RANKS, N, LAYERS, LAYER_MS, MEMORY = 4, 24, 16, 2.5, 7
@@ -112,7 +112,7 @@ def report(logdir: Path, case: Case) -> list[str]:
     estimated, measured = costs.get(moved - 1, float("nan")), costs.get(last, float("nan"))
     steady = range(moved + 2, last + 1)
     got, ref = _median(auto[PIPELINE_TAG], steady), _median(even[PIPELINE_TAG], steady)
-    sim, sim_even = case.simulated(split), case.simulated(_split_at(even, last))
+    sim, sim_even = case.simulated(split), case.simulated(even_split(LAYERS, RANKS))
     before = list(_split_at(auto, moved - 1))
     lines += [
         f"  re-partitioned after step {moved - 1}: layers per stage {before} -> {list(split)}, {relaunches}"
