@@ -88,6 +88,19 @@ BAD_INPUTS = {
         "error: parallelism.pipeline_parallel_microbatch_size: 3 must be >= 1 and divide training.local_batch_size (8)",
     ),
     "timeout-0": (["--comm.train_timeout_seconds", "0"], "error: comm.train_timeout_seconds: 0.0 must be"),
+    "compute-factor-0": (
+        ["--morph.inject.mode", "static", "--morph.inject.compute_factor", "1,1,0,1"],
+        "error: morph.inject.compute_factor: 0.0 is out of range: must be > 0",
+    ),
+    "compute-factor-count": (
+        ["--morph.inject.mode", "static", "--morph.inject.compute_factor", "1,2"],
+        "error: morph.inject.compute_factor: [1.0, 2.0] needs 1 or 4 values (one per rank, 4 ranks), got 2",
+    ),
+    "manual-without-split": (["--morph.partition", "manual"], "error: morph.partition: 'manual' needs a split"),
+    "split-over-memory": (
+        ["--morph.rank_memory_gb", "0.003"],
+        "error: morph.rank_memory_gb: [0.003, 0.003, 0.003, 0.003] GB cannot hold the split [1, 2, 2, 1]",
+    ),
 }
 
 BAD_LAUNCHER_VARIABLES = {

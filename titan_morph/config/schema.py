@@ -216,7 +216,8 @@ class Morph:
     profile_steps: Annotated[int, Range(1)] = 2
     """Training steps profiled (per-op compute times) before the initial plan is rebuilt from the
     measured times, when ``stage_times_ms`` is empty and ``plan_delays_ms`` is set (needs
-    ``monitor``)."""
+    ``monitor``). With ``partition = "auto"``: the steps after the first whose stage times give the
+    per-layer costs and every rank's baseline speed."""
 
     search: Bool = False
     """Refine PipeMorph's plan by the simulator-guided search (warm-ups, in-flight caps and op
