@@ -107,8 +107,32 @@ def test_closed_form_lower_bound_is_valid_and_used() -> None:
 
 def test_out_of_time_falls_back_to_the_hint_never_claiming_optimality() -> None:
     model = instance_set(5, 1)[0]
-    res = optimal_makespan(model, time_limit_s=0.001)  # warm-started from the search's plan
-    assert not res.optimal
+    res = optimal_makespan(model, time_limit_s=0.001)  # warm-started from the best baseline
+    assert not res.optimal and res.hint != "none"
     assert res.lower_bound <= res.makespan
     validate_orders(model, res.orders)
     assert simulate(model, res.orders).makespan == pytest.approx(res.makespan)
+
+
+def test_the_default_start_is_a_baseline_never_the_planner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference the planner is judged against must not start from (nor be capped by) its plan:
+    the default warm start is the shortest baseline within the memory, and the planner is never run."""
+    from titan_morph.pipelining import search
+    from titan_morph.pipelining.exact import BASELINE_HINTS, baseline_hint
+
+    def planner(*_args: object, **_kw: object) -> None:
+        raise AssertionError("the exact solver ran the planner under evaluation")
+
+    monkeypatch.setattr(search, "search", planner)
+    monkeypatch.setattr(search, "search_detailed", planner)
+    model = TINY[0]
+    res = optimal_makespan(model, time_limit_s=20)
+    found = baseline_hint(model)
+    assert found is not None and found[0] in BASELINE_HINTS and res.hint == found[0]
+    validate_orders(model, found[1])
+    # No baseline fits M = 1 (1F1B's first stage holds 3): no start, still the optimum (one at a time).
+    tight = CostModel.uniform(3, 2, 1.0, 1.0, 1.0, memory=1)
+    assert baseline_hint(tight) is None
+    res = optimal_makespan(tight, time_limit_s=20)
+    assert res.hint == "none" and res.optimal
+    assert res.makespan == pytest.approx(simulate(tight, res.orders).makespan)

@@ -46,6 +46,11 @@ Symmetry breaking (only constraints that cannot remove every optimum):
 Stronger rules (same ``F`` order on all stages, same ``I`` order on all stages, i.e. FIFO
 pipelines) are available as ``fifo=True``; they are not proven safe, so they are off by default and
 ``tests/pipelining/test_exact.py`` compares both on tiny instances.
+
+Warm start: by default the shortest baseline that fits the memory (:func:`baseline_hint`), never
+the planner's plan, so that a reference for the planner neither starts from nor is capped by the
+plan it judges (``ExactResult.hint`` names the start). A result that is not ``optimal`` is the best
+schedule found, with the bound proven: a gap against it is a gap to the best known, not the optimum.
 """
 
 from __future__ import annotations
@@ -53,11 +58,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .builders import split_fused
 from .links import LinkModel, StaticDelays
-from .model import CostModel, Op, Order
+from .model import CostModel, Op, Order, validate_orders
 from .simulate import simulate
 
 _SCALES = (1, 2, 4, 5, 10, 20, 100, 1000)
@@ -75,6 +80,8 @@ class ExactResult:
     rounded: bool = False
     wall_s: float = 0.0
     status: str = ""
+    hint: str = "none"
+    """The warm start: a baseline's name (:func:`baseline_hint`), ``"given"`` or ``"none"``."""
 
     @property
     def gap(self) -> float:
@@ -321,12 +328,27 @@ def _hint_times(model: CostModel, orders: Sequence[Sequence[Op]]) -> dict[tuple[
     }
 
 
-def _default_hint(model: CostModel) -> tuple[Order, ...]:
-    """A feasible schedule to warm-start CP-SAT: the search's plan (default iterations, so the
-    hint, like the solve without a time limit, is reproducible)."""
-    from .search import search
+BASELINE_HINTS = ("1f1b-iw", "zb-h1", "zb-h2")
+V_BASELINE_HINTS = ("zb-v", "dualpipe-v")
 
-    return search(model).orders
+
+def baseline_hint(model: CostModel) -> tuple[str, tuple[Order, ...]] | None:
+    """The default warm start: the shortest of the baselines (:data:`BASELINE_HINTS`, in the V
+    :data:`V_BASELINE_HINTS`) whose orders fit the memory budget, as (name, orders); None when none
+    fits (CP-SAT then starts from nothing, the serial schedule's horizon)."""
+    from .baselines import build_plain
+
+    best: tuple[float, str, tuple[Order, ...]] | None = None
+    for name in V_BASELINE_HINTS if model.stages_per_rank > 1 else BASELINE_HINTS:
+        try:
+            orders = build_plain(name, model).orders
+            validate_orders(model, orders)
+        except ValueError:  # its warm-up or peak is over the memory budget
+            continue
+        span = simulate(model, orders).makespan
+        if best is None or span < best[0]:
+            best = (span, name, tuple(orders))
+    return None if best is None else best[1:]
 
 
 def optimal_makespan(
@@ -342,7 +364,8 @@ def optimal_makespan(
 ) -> ExactResult:
     """Minimum makespan of one iteration (split backward, static delays, non-blocking links).
 
-    ``hint``: orders to warm-start from (default: the search's plan).
+    ``hint``: orders to warm-start from (default: :func:`baseline_hint`, never the planner's plan;
+    ``use_default_hint=False``: none).
     ``fifo``: ``False`` solves the full model only; ``True`` only the FIFO-restricted one (its
     "optimal" is optimal among FIFO schedules); ``None`` (default) first solves the FIFO model with
     a third of the time (fast, usually the true optimum), then the full model warm-started from it,
@@ -361,16 +384,20 @@ def optimal_makespan(
     if any(math.isinf(c) for c in model.delays):
         raise ValueError("exact: a link delay is inf (link down); no finite schedule exists")
     t_start = time.perf_counter()
-    if hint is None and use_default_hint:
-        hint = _default_hint(model)
+    start = "none" if hint is None else "given"
+    if hint is None and use_default_hint and (found := baseline_hint(model)) is not None:
+        start, hint = found
     hint_orders = split_fused(hint) if hint is not None else None
     if fifo is not None:
         res = _solve(model, time_limit_s, workers, hint_orders, fifo, seed, use_bound)
-        return _replace_wall(res, t_start)
-    first = _solve(model, time_limit_s / 3.0, workers, hint_orders, True, seed, use_bound)
+        return replace(res, wall_s=time.perf_counter() - t_start, hint=start)
+    try:
+        first: ExactResult | None = _solve(model, time_limit_s / 3.0, workers, hint_orders, True, seed, use_bound)
+    except NoScheduleFound:  # no start and no FIFO schedule in time: the full model starts from nothing
+        first = None
     rest = max(0.1, time_limit_s - (time.perf_counter() - t_start))
-    full = _solve(model, rest, workers, first.orders, False, seed, use_bound)
-    best = full if full.makespan <= first.makespan else first
+    full = _solve(model, rest, workers, first.orders if first else None, False, seed, use_bound)
+    best = full if first is None or full.makespan <= first.makespan else first
     bound = min(full.lower_bound, best.makespan)
     return ExactResult(
         makespan=best.makespan,
@@ -380,21 +407,13 @@ def optimal_makespan(
         scale=full.scale,
         rounded=full.rounded,
         wall_s=time.perf_counter() - t_start,
-        status=f"fifo:{first.status} full:{full.status}",
+        status=f"fifo:{first.status if first else 'none'} full:{full.status}",
+        hint=start,
     )
 
 
-def _replace_wall(res: ExactResult, t_start: float) -> ExactResult:
-    return ExactResult(
-        res.makespan,
-        res.lower_bound,
-        res.optimal,
-        res.orders,
-        res.scale,
-        res.rounded,
-        time.perf_counter() - t_start,
-        res.status,
-    )
+class NoScheduleFound(RuntimeError):
+    """CP-SAT ran out of time before any schedule, with no warm start to fall back on."""
 
 
 def _solve(
@@ -530,7 +549,7 @@ def _solve(
             # one), so "infeasible" means a constraint cuts off feasible schedules: never hide it.
             raise RuntimeError(f"exact: CP-SAT rejects every schedule (status {status_name}): the model is wrong")
         if hint_orders is None:
-            raise RuntimeError(f"exact: CP-SAT found no schedule within {time_limit_s} s (status {status_name})")
+            raise NoScheduleFound(f"exact: CP-SAT found no schedule within {time_limit_s} s (status {status_name})")
         # Out of time before any solution (a loaded machine): the warm start is still a feasible
         # schedule; report it as such, with the closed-form bound (0 when the bounds are not to be
         # trusted), never as optimal.
