@@ -15,16 +15,18 @@ correctness):
     vs for the distribution, and ZB-H2 / the lower bound on any schedule (the most a plan could gain).
 
 Exact optima take minutes; they are cached in ``--optima-cache`` (JSON keyed by the instance).
+CP-SAT starts from the shortest baseline within the memory, never from the search's plan, and every
+gap names its reference (:mod:`benchmarks.gaps`): the proven optimum, else the best schedule known.
 
     python benchmarks/bench_planner.py                  # everything (exact part: minutes, cached)
     python benchmarks/bench_planner.py --quick          # fewer instances and repetitions
     python benchmarks/bench_planner.py --skip-exact     # no CP-SAT
+    python benchmarks/bench_planner.py --skip speed,robust,testbed   # the gap tables only
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import random
@@ -36,10 +38,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.gaps import gap_row, header, optima, reference_line, references, within  # noqa: E402
 from benchmarks.timing import timed  # noqa: E402
 from titan_morph.pipelining.builders import build  # noqa: E402
 from titan_morph.pipelining.exact import lower_bound_under  # noqa: E402
-from titan_morph.pipelining.instances import describe, planner_set, random_instance  # noqa: E402
+from titan_morph.pipelining.instances import planner_set, random_instance  # noqa: E402
 from titan_morph.pipelining.links import RandomDelays  # noqa: E402
 from titan_morph.pipelining.model import CostModel, Plan  # noqa: E402
 from titan_morph.pipelining.robust import expected_makespan, robust_search, sample_delays  # noqa: E402
@@ -70,21 +73,6 @@ def bench_speed(seed: int, quick: bool) -> list[str]:
     return rows
 
 
-def _optima(models: list[CostModel], cache: Path, limit_s: float) -> dict[str, dict]:
-    from titan_morph.pipelining.exact import optimal_makespan
-
-    known = json.loads(cache.read_text()) if cache.exists() else {}
-    for model in models:
-        key = describe(model)
-        if key in known and (known[key]["optimal"] or known[key]["limit"] >= limit_s):
-            continue
-        res = optimal_makespan(model, time_limit_s=limit_s, workers=2)
-        known[key] = {"makespan": res.makespan, "bound": res.lower_bound, "optimal": res.optimal, "limit": limit_s}
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(known, indent=1))
-    return known
-
-
 def _best_baseline(model: CostModel) -> float:
     spans = []
     for name in ("1f1b", "zb-h1", "zb-h2"):
@@ -97,7 +85,7 @@ def _best_baseline(model: CostModel) -> float:
 
 def bench_gap(seed: int, count: int, cache: Path, limit_s: float) -> tuple[list[str], list[str]]:
     models = planner_set(seed, count)
-    opt = _optima(models, cache, limit_s)
+    opt = optima(models, cache, limit_s)
     runs: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
 
@@ -112,36 +100,24 @@ def bench_gap(seed: int, count: int, cache: Path, limit_s: float) -> tuple[list[
         record(f"search, {k} iterations", lambda m, k=k: search_detailed(m, iterations=k).makespan)
     record("PipeMorph, no search (Alg. 1/2 + Alg. 3/4)", lambda m: makespan(m, build("pipemorph", m).orders))
     record("best of 1F1B / ZB-H1 / ZB-H2 within memory", _best_baseline)
-    best = [min([opt[describe(m)]["makespan"], *(spans[i] for spans in runs.values())]) for i, m in enumerate(models)]
-    proven = sum(opt[describe(m)]["optimal"] for m in models)
-
-    def gaps(name: str) -> list[float]:
-        return [ms / b - 1 for ms, b in zip(runs[name], best)]
+    refs = references(models, opt, list(runs.values()))
 
     table = [
-        f"{count} instances (seed {seed}); reference: the CP-SAT optimum ({proven}/{count} proven within {limit_s:g} s,"
-        " else the best schedule known)",
+        f"{count} instances (seed {seed}); {reference_line(refs, limit_s)}",
         "",
-        "| planner | mean gap | worst gap | within 0.5 % | within 2 % | CPU ms per instance (median) |",
-        "|---|---:|---:|---:|---:|---:|",
+        *header("planner", refs, ("within 0.5 %", "within 2 %", "CPU ms per instance (median)")),
     ]
     for name in (
         "PipeMorph, default search",
         "PipeMorph, no search (Alg. 1/2 + Alg. 3/4)",
         "best of 1F1B / ZB-H1 / ZB-H2 within memory",
     ):
-        g = gaps(name)
-        table.append(
-            f"| {name} | {100 * statistics.mean(g):.3f} % | {100 * max(g):.2f} % | {sum(x <= 0.005 for x in g)}/{count}"
-            f" | {sum(x <= 0.02 for x in g)}/{count} | {statistics.median(cpu[name]):.0f} |"
-        )
-    anytime = ["| iterations | mean gap | worst gap | CPU ms per instance (median) |", "|---:|---:|---:|---:|"]
+        extra = (within(runs[name], refs, 0.005), within(runs[name], refs, 0.02), f"{statistics.median(cpu[name]):.0f}")
+        table.append(gap_row(name, runs[name], refs, extra))
+    anytime = header("iterations", refs, ("CPU ms per instance (median)",))
     for k in (0, 30, 100, 300, 1000, 3000):
-        g = gaps(f"search, {k} iterations")
         name = f"search, {k} iterations"
-        anytime.append(
-            f"| {k} | {100 * statistics.mean(g):.3f} % | {100 * max(g):.2f} % | {statistics.median(cpu[name]):.0f} |"
-        )
+        anytime.append(gap_row(str(k), runs[name], refs, (f"{statistics.median(cpu[name]):.0f}",)))
     return table, anytime
 
 
@@ -241,12 +217,15 @@ def main(argv: list[str] | None = None) -> int:
         default=Path("outputs/bench_planner/optima_{seed}.json"),
         help="JSON cache of exact optima (default: %(default)s)",
     )
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: speed,robust,testbed")
     args = parser.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
     count = args.gap_instances or (20 if args.quick else 60)
     load = os.getloadavg()[0]
     print(f"## Planner benchmark (seed {args.seed}{', quick' if args.quick else ''}; load average {load:.2f})\n")
-    print("### (a) planning time\n")
-    print("\n".join(bench_speed(args.seed, args.quick)))
+    if "speed" not in skip:
+        print("### (a) planning time\n")
+        print("\n".join(bench_speed(args.seed, args.quick)))
     if not args.skip_exact:
         try:
             import ortools  # noqa: F401
@@ -259,10 +238,12 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(table))
             print("\n### (c) anytime: mean gap against the iteration count\n")
             print("\n".join(anytime))
-    print("\n### (d) robust planning vs planning for the mean\n")
-    print("\n".join(bench_robust(32, 300 if args.quick else 1000)))
-    print("\n### (e) Fig. 18 trace B on the synthetic testbed, in the simulator\n")
-    print("\n".join(bench_testbed(20 if args.quick else 40, 2 if args.quick else 4)))
+    if "robust" not in skip:
+        print("\n### (d) robust planning vs planning for the mean\n")
+        print("\n".join(bench_robust(32, 300 if args.quick else 1000)))
+    if "testbed" not in skip:
+        print("\n### (e) Fig. 18 trace B on the synthetic testbed, in the simulator\n")
+        print("\n".join(bench_testbed(20 if args.quick else 40, 2 if args.quick else 4)))
     print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
     return 0
 
