@@ -309,6 +309,12 @@ def test_plan_random_reports_the_expected_makespan(capsys, tmp_path: Path) -> No
     assert z["expected_makespan_ms"] > d["expected_makespan_ms"]
 
 
+def test_plan_random_in_the_v_plans_with_pipemorph_v(capsys) -> None:
+    v = ["--stages", "3", "--microbatches", "6", "--fwd", "5", "--bwd", "5", "--wgt", "5", "--schedule", "pipemorph-v"]
+    d = _json(capsys, *v, "--plan-random", "30,10", "--samples", "4", "--search-iterations", "10")
+    assert d["planning_samples"] == 4 and d["expected_makespan_ms"] >= d["lower_bound_ms"] > 0
+
+
 def test_module_entry_points(zb_h2_csv: Path) -> None:
     for module in ("titan_morph.pipelining.plan", "titan_morph.pipelining.cli"):
         res = subprocess.run(

@@ -99,3 +99,27 @@ def test_robust_plan_is_deterministic_and_reachable_from_build() -> None:
 def test_robust_plan_bad_samples(samples: list, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         robust_plan(CostModel.uniform(4, 8, 1, 1, 1), samples)
+
+
+def test_robust_plan_in_the_v_uses_pipemorph_v() -> None:
+    """Two stages per rank: the fixed-vector plans come from pipemorph-v's builder (the V's own
+    placement and memory), and the result beats each of them on the samples."""
+    from titan_morph.pipelining.baselines import zbv_memory
+
+    model = CostModel.uniform(6, 6, 5, 5, 5, stages_per_rank=2)
+    model = model.with_memory(zbv_memory(model))
+    samples = sample_delays(30.0, 10.0, links=2, samples=4, seed=0)
+    res = robust_search(model, samples, iterations=10)
+    validate_orders(model, res.plan.orders)
+    assert all(res.expected_makespan <= v + 1e-9 for v in res.fixed.values())
+    b = build("pipemorph-v", model, search=True, samples=samples, iterations=10)
+    assert b.orders == res.plan.orders
+
+
+def test_robust_plan_names_the_schedule_it_needs() -> None:
+    samples = sample_delays(30.0, 10.0, links=2, samples=2, seed=0)
+    with pytest.raises(ValueError, match="schedule 'zb-h2' cannot, choose 'pipemorph'"):
+        robust_plan(CostModel.uniform(3, 6, 1, 1, 1), samples, schedule="zb-h2")
+    v = CostModel.uniform(6, 6, 1, 1, 1, stages_per_rank=2)
+    with pytest.raises(ValueError, match="choose 'pipemorph-v' \\(stages_per_rank = 2\\)"):
+        robust_plan(v, samples, schedule="pipemorph")

@@ -46,7 +46,7 @@ def build(schedule: str, model: CostModel, **kw: Any) -> Plan:
     check_placement(name, model)
     if search:
         samples = kw.pop("samples", None)
-        return robust_plan(model, samples, **kw) if samples is not None else run_search(model, **kw)
+        return robust_plan(model, samples, schedule=name, **kw) if samples is not None else run_search(model, **kw)
     unknown = set(kw) - {"delta", "links", "warmup", "refill"}
     if unknown:
         raise ValueError(f"unknown option(s) for build({schedule!r}): {', '.join(sorted(unknown))}")

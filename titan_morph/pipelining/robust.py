@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .baselines import build_plain
+from .baselines import build_plain, schedule_key
 from .model import CostModel, Op, Plan
 from .search import MIN_DEFAULT_ITERATIONS, default_iterations, search_detailed
 from .simulate import time_codes, to_codes
@@ -131,9 +131,11 @@ def robust_search(
     iterations: int | None = None,
     time_budget_ms: float | None = None,
     seeds: Sequence[Sequence[int]] | None = None,
+    schedule: str | None = None,
 ) -> RobustResult:
     """:func:`robust_plan` with the expected makespan and the fixed-vector plans it beat."""
 
+    builder = _morph_builder(model, schedule)
     vectors = _check_samples(model, samples)
     plan_vectors = planning_vectors(vectors)
     mean_model = model.with_delays(plan_vectors[0])
@@ -144,7 +146,7 @@ def robust_search(
     for_mean = search_detailed(mean_model, iterations=budget, time_budget_ms=time_budget_ms, seeds=seeds)
     fixed = {"mean (search)": expected_makespan(model, for_mean.plan.orders, vectors)}
     for k, vec in zip(QUANTILES, plan_vectors):
-        plan = build_plain("pipemorph", model.with_delays(vec))
+        plan = build_plain(builder, model.with_delays(vec))
         fixed[f"mean+{k:g}std (Alg. 2)"] = expected_makespan(model, plan.orders, vectors)
     res = search_detailed(
         mean_model,
@@ -158,6 +160,18 @@ def robust_search(
     return RobustResult(
         res.plan, res.makespan, fixed, for_mean.iterations + res.iterations, for_mean.capped or res.capped
     )
+
+
+def _morph_builder(model: CostModel, schedule: str | None) -> str:
+    """PipeMorph's builder for ``model``'s placement (pipemorph, or pipemorph-v in the V): the only
+    schedules that plan for delays, hence for samples of them."""
+    name = "pipemorph-v" if model.stages_per_rank == 2 else "pipemorph"
+    if schedule is not None and schedule_key(schedule) != name:
+        raise ValueError(
+            f"planning for sampled delays needs PipeMorph's planner: schedule {schedule!r} cannot,"
+            f" choose {name!r} (stages_per_rank = {model.stages_per_rank})"
+        )
+    return name
 
 
 def robust_plan(model: CostModel, samples: Sequence[Sequence[float]], **options: Any) -> Plan:
@@ -175,7 +189,8 @@ def robust_plan(model: CostModel, samples: Sequence[Sequence[float]], **options:
       :func:`search.default_iterations` for the first and 4/K of it (at least
       :data:`search.MIN_DEFAULT_ITERATIONS`) for the second, whose candidates are each timed K
       times. ``time_budget_ms`` caps each search (a cut search depends on the
-      machine's speed, see :mod:`search`); ``seeds`` adds warm-up vectors.
+      machine's speed, see :mod:`search`); ``seeds`` adds warm-up vectors; ``schedule`` (default:
+      PipeMorph's builder for the model's placement, pipemorph or pipemorph-v) is checked to be it.
     * Result: the same plan on every rank for the same inputs; its mean makespan over ``samples``
       is <= that of the plan searched for the mean vector and of the PipeMorph builder's plan for
       every vector mean + k·std (k in :data:`QUANTILES`). ``plan.model`` carries the mean delays.
