@@ -29,31 +29,22 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from .baselines import zbv_memory
-from .builders import SCHEDULES, V_SCHEDULES, schedule_key
+from .builders import SCHEDULES, V_SCHEDULES
+from .cli_args import Parser, UsageError, delays_arg, schedule_arg, transmit_arg, values_arg
 from .cli_report import PlannedRun, fmt_list, print_report
 from .exact import lower_bound_ms, lower_bound_under
-from .links import LinkDownError, LinkModel, RandomDelays, TraceDelays, WithTransmit, parse_delays
+from .links import LinkDownError, LinkModel, RandomDelays, TraceDelays, WithTransmit
 from .model import STAGES_PER_RANK, CostModel, Plan, validate_orders, warmup_counts
-from .values import N, parse_list
 
 PROG = "python -m titan_morph.pipelining.plan"
 
 
-class UsageError(Exception):
-    """A bad command-line setting: printed as one ``error:`` line, exit code 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line instead of usage + error
-        raise UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The CLI's argument parser (also used to render the usage text in docs)."""
-    p = _Parser(
+    p = Parser(
         prog=PROG,
         description="Build a pipeline schedule (1F1B, ZeroBubble or PipeMorph's slackness-aware plan) for "
         "given per-stage compute times and link delays, then simulate it under the actual delays.",
@@ -127,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--schedule",
         default=None,
-        type=_schedule,
+        type=schedule_arg,
         metavar="NAME",
         help=f"schedule to build: {', '.join(SCHEDULES)}; two stages per rank: {', '.join(V_SCHEDULES)}"
         " (any case; '-'/'_' optional, e.g. ZBH2; default pipemorph, or pipemorph-v with --stages-per-rank 2)",
@@ -173,27 +164,6 @@ def build_parser() -> argparse.ArgumentParser:
 # ---------------------------------------------------------------------------------------------
 
 
-def _schedule(text: str) -> str:
-    try:
-        return schedule_key(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _values(flag: str, text: str | None, kind: type[N], count: int | None, low: float | None) -> tuple[N, ...]:
-    try:
-        return parse_list(text, kind, name=flag, count=count, low=low)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _delays(flag: str, text: str | None, links: int) -> tuple[float, ...]:
-    try:
-        return parse_delays(text, links, name=flag)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
 def _placement(args: argparse.Namespace, given: int | None = None) -> int:
     """Stages per rank: ``--stages-per-rank``, else what the schedule (or ``given``: a CSV) needs."""
     need = given if given is not None else 2 if args.schedule in V_SCHEDULES else 1
@@ -208,13 +178,6 @@ def _placement(args: argparse.Namespace, given: int | None = None) -> int:
     return spr
 
 
-def _transmit(flag: str, text: str | None, links: int) -> tuple[float, ...]:
-    try:
-        return parse_delays(text, links, name=flag, allow_inf=False)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
 def _model(
     args: argparse.Namespace, ranks: int, microbatches: int, per_rank: int = 1
 ) -> tuple[CostModel, tuple[float, ...], tuple[float, ...]]:
@@ -226,7 +189,7 @@ def _model(
         raise UsageError(f"--microbatches must be >= 1, got {microbatches}")
     stages = ranks * per_rank
     links = ranks - 1
-    delays = _delays("--delays", args.delays, links)
+    delays = delays_arg("--delays", args.delays, links)
     for i, d in enumerate(delays):
         if math.isinf(d):
             raise UsageError(
@@ -237,22 +200,22 @@ def _model(
     if samples is not None:
         delays = tuple(sum(v[i] for v in samples) / len(samples) for i in range(links))
     args.planning_samples = samples
-    run = delays if args.run_delays is None else _delays("--run-delays", args.run_delays, links)
-    transmit = _transmit("--transmit-ms", args.transmit_ms, links)
+    run = delays if args.run_delays is None else delays_arg("--run-delays", args.run_delays, links)
+    transmit = transmit_arg("--transmit-ms", args.transmit_ms, links)
     run_transmit = transmit
     if args.run_transmit_ms is not None:
-        run_transmit = _transmit("--run-transmit-ms", args.run_transmit_ms, links)
+        run_transmit = transmit_arg("--run-transmit-ms", args.run_transmit_ms, links)
     if args.depth is not None and args.depth < 1:
         raise UsageError(
             f"--depth must be >= 1 message in flight per link (omit it for non-blocking), got {args.depth}"
         )
-    memory = None if args.memory is None else _values("--memory", args.memory, int, ranks, per_rank)
+    memory = None if args.memory is None else values_arg("--memory", args.memory, int, ranks, per_rank)
     model = CostModel(
         stages,
         microbatches,
-        _values("--fwd", args.fwd, float, stages, 0.0),
-        _values("--bwd", args.bwd, float, stages, 0.0),
-        _values("--wgt", args.wgt, float, stages, 0.0),
+        values_arg("--fwd", args.fwd, float, stages, 0.0),
+        values_arg("--bwd", args.bwd, float, stages, 0.0),
+        values_arg("--wgt", args.wgt, float, stages, 0.0),
         delays,
         memory or None,
         per_rank,
@@ -282,7 +245,7 @@ def _planning_samples(args: argparse.Namespace, links: int) -> tuple[tuple[float
     if args.plan_random is not None:
         if args.samples < 1:
             raise UsageError(f"--samples must be >= 1 delay vector, got {args.samples}")
-        values = _values("--plan-random", args.plan_random, float, None, 0.0) if args.plan_random else ()
+        values = values_arg("--plan-random", args.plan_random, float, None, 0.0) if args.plan_random else ()
         if len(values) != 2:
             raise UsageError(f"--plan-random: expected MEAN,STD (ms, >= 0), got {args.plan_random!r}")
         return sample_delays(values[0], values[1], links=links, samples=args.samples, seed=args.seed)
@@ -294,7 +257,7 @@ def _planning_samples(args: argparse.Namespace, links: int) -> tuple[tuple[float
         rows = []
         for k, line in enumerate(lines, start=1):
             if line.strip() and not line.lstrip().startswith("#"):
-                row = _values(f"--plan-samples {args.plan_samples} line {k}", line, float, links, 0.0)
+                row = values_arg(f"--plan-samples {args.plan_samples} line {k}", line, float, links, 0.0)
                 rows.append(row)
         if not rows:
             raise UsageError(f"--plan-samples {args.plan_samples}: no delay vectors (one line of {links} ms each)")
@@ -308,7 +271,7 @@ def _run_links(args: argparse.Namespace, links: int) -> tuple[LinkModel | None, 
     if args.step < 0:
         raise UsageError(f"--step must be >= 0, got {args.step}")
     if args.run_random is not None:
-        values = _values("--run-random", args.run_random, float, None, None) if args.run_random else ()
+        values = values_arg("--run-random", args.run_random, float, None, None) if args.run_random else ()
         if len(values) not in (4, 5):
             raise UsageError(f"--run-random: expected MEAN,STD,LOW,HIGH[,SEED], got {len(values)} values")
         if len(values) == 5 and not (values[4] >= 0 and values[4].is_integer()):

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .builders import SCHEDULES, V_SCHEDULES
-from .cli import UsageError, _delays, _Parser, _schedule, _transmit, _values
+from .cli_args import Parser, UsageError, delays_arg, schedule_arg, transmit_arg, values_arg
 from .cli_report import fmt_list
 from .partition_core import (
     REFINE,
@@ -38,7 +38,7 @@ PROG = "python -m titan_morph.pipelining.partition"
 
 def build_parser() -> argparse.ArgumentParser:
     """The partition CLI's argument parser."""
-    p = _Parser(
+    p = Parser(
         prog=PROG,
         description="Split the layers into contiguous pipeline stages so that the planned schedule is shortest on"
         " ranks of different speeds, within each rank's memory.",
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--schedule",
         default="pipemorph",
-        type=_schedule,
+        type=schedule_arg,
         metavar="NAME",
         help=f"the schedule to plan each split with: {', '.join(SCHEDULES)}; two stages per rank:"
         f" {', '.join(V_SCHEDULES)} (default pipemorph: the plan CLI's search)",
@@ -99,18 +99,18 @@ def _problem(args: argparse.Namespace) -> PartitionProblem:
         raise UsageError(f"--tolerance must be in [0, 1), got {args.tolerance:g}")
     speeds = None
     if args.rank_speed is not None:
-        speeds = _values("--rank-speed", args.rank_speed, float, args.stages, 0.0)
+        speeds = values_arg("--rank-speed", args.rank_speed, float, args.stages, 0.0)
     elif isinstance(data, dict) and isinstance(data.get("rank_speed"), list):
         speeds = tuple(data["rank_speed"])
     ranks = args.stages if args.stages is not None else (len(speeds) if speeds else 1)
     if speeds is not None and args.stages is not None and len(speeds) not in (1, ranks):
         raise UsageError(f"--costs {args.costs}: rank_speed has {len(speeds)} values, --stages {ranks} ranks")
-    delays = _delays("--delays", args.delays, ranks - 1)
+    delays = delays_arg("--delays", args.delays, ranks - 1)
     for i, d in enumerate(delays):
         if math.isinf(d):
             raise UsageError(f"--delays: link {i} ({i}<->{i + 1}) is down (inf); no split can be planned across it")
-    transmit = _transmit("--transmit-ms", args.transmit_ms, ranks - 1)
-    memory = None if args.memory is None else _values("--memory", args.memory, float, ranks, 0.0)
+    transmit = transmit_arg("--transmit-ms", args.transmit_ms, ranks - 1)
+    memory = None if args.memory is None else values_arg("--memory", args.memory, float, ranks, 0.0)
     try:
         return problem_from_dict(
             data,
