@@ -73,7 +73,8 @@ class Per:
     One group of ``width`` values stands for every link/stage/rank. An empty list means "not set"
     unless ``required``. ``or_pairs``: when ``[morph.inject] rank_links`` names rank pairs, one value
     per pair instead of per link. ``or_layers``: when ``[morph.synthetic] layers`` is set, one value
-    per layer of the synthetic model instead of per stage.
+    per layer of the synthetic model instead of per stage. ``or_world``: one value per rank of the
+    world (a host of a DP x PP job) is also accepted.
     """
 
     unit: Literal["link", "stage", "rank"]
@@ -81,6 +82,7 @@ class Per:
     required: bool = False
     or_pairs: bool = False
     or_layers: bool = False
+    or_world: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,13 +94,15 @@ class RankPairs:
 class Layout:
     """What the pipeline-dependent parts of parsing need: pipeline ranks (``stages``, None =
     unknown), the delay limit, stages per rank (1; 2 in a V; None = unknown), the number of rank
-    pairs of ``rank_links`` (per-pair lists) and the synthetic model's layers (per-layer lists)."""
+    pairs of ``rank_links`` (per-pair lists), the synthetic model's layers (per-layer lists) and the
+    ranks of the world (per-host lists)."""
 
     stages: int | None = None
     delay_limit_ms: float | None = None
     stages_per_rank: int | None = 1
     pairs: int | None = None
     layers: int | None = None
+    world: int | None = None
 
     def count(self, per: Per) -> int | None:
         """Groups a ``per`` list holds in this layout (None = unknown)."""
@@ -217,7 +221,13 @@ def _groups(key: str, value: Any, values: tuple[Any, ...], per: Per, layout: Lay
         return values
     if len(values) == per.width:
         return values * groups
+    world = layout.world if per.or_world and layout.world not in (None, groups) else None
+    if world is not None and len(values) == per.width * world:
+        return values
     if len(values) != per.width * groups:
+        if world is not None:
+            allowed = f"{per.width}, {per.width * groups} (one per pipeline {unit}) or {per.width * world}"
+            raise fail(key, value, f"needs {allowed} values (one per rank of the world), got {len(values)}")
         raise fail(
             key,
             value,

@@ -243,7 +243,8 @@ def _links_emulated(inject: InjectSettings) -> bool:
 
 def compute_model(inject: InjectSettings, ranks: int) -> ComputeModel | None:
     """The injected compute factors of ``ranks`` pipeline ranks (:mod:`titan_morph.pipelining.speeds`),
-    within ``start_step``..``end_step``; None when nothing slows compute."""
+    within ``start_step``..``end_step``; None when nothing slows compute. A ``compute_factor`` list of
+    one value per rank of the world (DP x PP) gives a model of that many ranks, indexed by host."""
     inner: ComputeModel
     factors = inject.compute_factor * ranks if len(inject.compute_factor) == 1 else inject.compute_factor
     if inject.mode == "static" and factors:

@@ -28,7 +28,12 @@ def resolve_morph(
     pairs = parse_rank_pairs(morph.inject.rank_links)
     layers = morph.synthetic.layers if isinstance(morph.synthetic.layers, int) and morph.synthetic.layers > 0 else None
     layout = Layout(
-        layout.stages, layout.delay_limit_ms, layout.stages_per_rank, pairs=len(pairs) or None, layers=layers
+        layout.stages,
+        layout.delay_limit_ms,
+        layout.stages_per_rank,
+        pairs=len(pairs) or None,
+        layers=layers,
+        world=world_size,
     )
     parsed = parse_field("morph", morph, Morph, layout)
     settings: MorphSettings = _build(MorphSettings, {**parsed, "split": split})

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUTO_SCHEDULES",
+    "MORPH_SCHEDULES",
     "SPLIT_OPTIONS",
     "check_job",
     "check_joined",
@@ -261,6 +262,8 @@ SPLIT_OPTIONS = (
 """TorchTitan's options that split the model by hand (``partition = "manual"``)."""
 AUTO_SCHEDULES = ("pipemorph", "zbh1", "zbh2", "morph1f1b")
 """The schedules ``partition = "auto"`` re-partitions: titan_morph's, one stage per rank."""
+MORPH_SCHEDULES = (*AUTO_SCHEDULES, "pipemorphv")
+"""titan_morph's schedules (MorphSchedule): the ones that run a per-replica microbatch count."""
 
 
 def _check_partition(morph: MorphSettings, job: JobView, dp: int) -> None:
@@ -297,18 +300,50 @@ def _check_partition(morph: MorphSettings, job: JobView, dp: int) -> None:
         raise fail(key, mode, "needs morph.monitor = true (per-rank compute is measured by the monitor)")
     if not job.checkpoint:
         raise fail(key, mode, "needs [checkpoint] enable = true: a re-partition checkpoints and restarts the run")
-    if dp > 1:
-        raise fail(key, mode, "is for pipeline parallelism alone (data_parallel_*_degree = 1)")
     if morph.synthetic.enabled and not morph.synthetic.layers:
         raise fail(key, mode, "needs [morph.synthetic] layers on the synthetic testbed (stages made of layers)")
     if job.split is not None and len(job.split) != stages:
         raise fail("TITAN_MORPH_SPLIT", ",".join(map(str, job.split)), f"needs one layer count per stage ({stages})")
 
 
+def _check_replicas(morph: MorphSettings, job: JobView, n: int, dp: int) -> None:
+    """``replica_microbatches``: DP x PP with a titan_morph schedule, one count per replica, each at
+    least 1 and at most 2 x N, summing to the global batch (dp x N microbatches)."""
+    counts = morph.replica_microbatches
+    if not counts:
+        return
+    key, shown = "morph.replica_microbatches", list(counts)
+    if job.pipeline_parallel_degree < 2 or dp < 2:
+        raise fail(key, shown, "needs data parallelism with pipeline parallelism (both degrees >= 2)")
+    if job.schedule.lower() not in MORPH_SCHEDULES:
+        raise fail(
+            key,
+            shown,
+            f"needs a titan_morph schedule (PipeMorph, ZBH1, ZBH2, Morph1F1B, PipeMorphV), got {job.schedule!r}",
+        )
+    if len(counts) != dp:
+        raise fail(key, shown, f"needs one count per data-parallel replica ({dp} replicas), got {len(counts)}")
+    empty = [k for k, c in enumerate(counts) if c < 1]
+    if empty:
+        raise fail(key, shown, f"gives replica {empty[0]} no microbatches: every replica needs >= 1")
+    total = dp * n
+    if sum(counts) != total:
+        raise fail(
+            key,
+            shown,
+            f"sums to {sum(counts)}; the global batch is {total} microbatches ({dp} replicas x {n} ="
+            " training.local_batch_size / pipeline_parallel_microbatch_size), which the counts must split",
+        )
+    cap = min(total - (dp - 1), 2 * n)
+    if max(counts) > cap:
+        raise fail(key, shown, f"gives a replica {max(counts)} microbatches: at most {cap} (2 x N = 2 x {n})")
+
+
 def check_joined(morph: MorphSettings, job: JobView, n: int, dp: int) -> None:
     """``[morph]`` against TorchTitan's sections: the orchestrator's needs under DP x PP, the
-    partition, and the schedules that need a microbatch per stage."""
+    partition, the replicas' microbatches, and the schedules that need a microbatch per stage."""
     _check_partition(morph, job, dp)
+    _check_replicas(morph, job, n, dp)
     stages, name = job.pipeline_parallel_degree, job.schedule
     if morph.orchestrator != "off" and stages > 1 and dp > 1:
         key, value = "morph.orchestrator", morph.orchestrator

@@ -58,6 +58,7 @@ RankPairList = Annotated[PairList, RankPairs()]
 PlanDelayList = Annotated[FloatList, Range(0, delay=True), Per("link")]
 StageMsList = Annotated[FloatList, Range(0), Per("stage", required=True, or_layers=True)]
 RankFactorList = Annotated[FloatList, Range(0, low_open=True), Per("rank")]
+ComputeFactorList = Annotated[FloatList, Range(0, low_open=True), Per("rank", or_world=True)]
 
 
 @dataclass
@@ -123,9 +124,11 @@ class Inject:
     """random mode: [low, high] Mbit/s; the rate of each of ``links`` is re-drawn from U(low, high)
     whenever its delay is. [] = the rate is ``bandwidth_mbit``."""
 
-    compute_factor: RankFactorList = field(default_factory=list)
+    compute_factor: ComputeFactorList = field(default_factory=list)
     """Emulated compute stragglers: per pipeline rank, a multiplier of every op's time (2 = twice as
-    slow; one value for every rank). static mode: from ``start_step`` to ``end_step``; random mode:
+    slow; one value for every rank); with data parallelism also one value per rank of the world
+    ([1, 1, 1, 2]: rank 3 alone), which belongs to the rank's host and moves with it when the
+    orchestrator moves hosts (a slow GPU). static mode: from ``start_step`` to ``end_step``; random mode:
     each rank whose value is above 1 draws its factor per step from U(1, value) (``seed``); trace
     mode: not used, a trace with the columns step, rank, compute_factor sets the factors. The
     synthetic testbed pads its ops to their time x the factor; the real model sleeps (factor - 1) x
@@ -283,7 +286,9 @@ class Morph:
     ``repartition_after`` x the measured relaunch cost) | manual (TorchTitan's split options:
     [parallelism] module_fqns_per_model_part, pipeline_parallel_layers_per_stage,
     pipeline_parallel_first_stage_less_layers / pipeline_parallel_last_stage_less_layers). auto
-    needs a titan_morph schedule with one stage per rank, ``monitor`` and [checkpoint] enable = true."""
+    needs a titan_morph schedule with one stage per rank, ``monitor`` and [checkpoint] enable = true.
+    With data parallelism every replica holds the same layers: auto re-plans each pipeline for its
+    measured speeds and never moves layers (``rebalance_microbatches`` moves microbatches instead)."""
 
     repartition_after: Annotated[float, Range(0)] = 1.0
     """partition = auto: move layers once the time lost since a compute change (per step, the planned
@@ -313,6 +318,19 @@ class Morph:
     dp_detect_min_ms: Annotated[float, Range(0)] = 5.0
     """Per-hop DP collective delays at or below this never count as slow (the DP pairs' Eq. 1
     tolerance is 0: nothing absorbs a collective's delay)."""
+
+    rebalance_microbatches: Bool = True
+    """DP x PP: move microbatches between the data-parallel replicas in proportion to their measured
+    speed (a replica computes as fast as its slowest rank), with the global batch unchanged: the same
+    samples per step and the same gradients as the even split, each replica's pipeline re-planned for
+    its own count at a step boundary (no restart), back to even when the straggler recovers. Acts
+    with pipeline and data parallelism, a titan_morph schedule and ``monitor``; false keeps the even
+    split (or ``replica_microbatches``)."""
+
+    replica_microbatches: Annotated[IntList, Range(0)] = field(default_factory=list)
+    """DP x PP: the microbatches each data-parallel replica starts with, one count per replica, each
+    >= 1 and at most 2 x N, summing to the global batch (data-parallel degree x N; N =
+    local_batch_size / pipeline_parallel_microbatch_size). [] = N each (even)."""
 
     data_ifname: str = ""
     """Network interface of the default pipeline path (the per-link groups; on a GPU cluster what

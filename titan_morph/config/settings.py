@@ -81,7 +81,7 @@ class InjectSettings:
     """One rate per link (0 = unlimited); () when not set."""
     random_bandwidth_mbit: tuple[float, ...]
     compute_factor: tuple[float, ...]
-    """One factor per pipeline rank; () when not set."""
+    """One factor per pipeline rank, or one per rank of the world (a host); () when not set."""
 
     def window(self, steps: int) -> tuple[int, int] | None:
         """First and last step of the injected straggler (None when nothing is injected)."""
@@ -140,6 +140,8 @@ class MorphSettings:
     rank_memory_gb: tuple[float, ...]
     orchestrator: str
     dp_detect_min_ms: float
+    rebalance_microbatches: bool
+    replica_microbatches: tuple[int, ...]
     data_ifname: str
     host_ifnames: str
     inject: InjectSettings
@@ -266,6 +268,18 @@ class Settings:
     def hybrid(self) -> bool:
         """DP x PP: more than one pipeline stage and more than one data-parallel replica."""
         return self.stages > 1 and self.dp_degree > 1
+
+    @property
+    def replica_capacity(self) -> int:
+        """The most microbatches one DP replica may run in a step: twice its even share, and no more
+        than the global batch leaves when every other replica runs one."""
+        n, dp = self.microbatches, self.dp_degree
+        return min(dp * n - (dp - 1), 2 * n) if self.hybrid else n
+
+    @property
+    def replica_counts(self) -> tuple[int, ...]:
+        """Microbatches per DP replica the job starts with: ``replica_microbatches``, else N each."""
+        return self.morph.replica_microbatches or (self.microbatches,) * self.dp_degree
 
     @property
     def timeouts(self) -> CommTimeouts:

@@ -22,6 +22,7 @@ both re-partition.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -162,7 +163,13 @@ def prepare_compute(settings: Settings, stages: Sequence[PipelineStage]) -> None
     from titan_morph.runtime.slowdown import ACTIVE, slow_stage_compute
 
     model = compute_model(settings.morph.inject, settings.stages)
-    ACTIVE.configure(model, stages[0].group_rank if model is not None else 0)
+    rank = stages[0].group_rank
+    if model is not None and model.ranks != settings.stages:  # one factor per host (DP x PP): this rank's host's
+        import torch.distributed as dist
+
+        world = dist.get_world_size()
+        rank = (hosts_from_env(world) or tuple(range(world)))[dist.get_rank()]
+    ACTIVE.configure(model, rank if model is not None else 0)
     if model is None or settings.morph.synthetic.enabled:
         return
     for stage in stages:
@@ -191,7 +198,8 @@ def attach_partitioner(settings: Settings, schedule: object, shape: ModelShape) 
         profile_steps=morph.profile_steps,
         rule=morph.detect_rule(),
         after=morph.repartition_after,
-        min_gain=morph.repartition_min_gain,
+        # DP replicas hold one split: under DP it stays, and microbatches move instead (rebalance)
+        min_gain=morph.repartition_min_gain if settings.dp_degree == 1 else math.inf,
         max_in_flight=cap if isinstance(cap, int) else (min(cap) if cap else None),
         memory=tuple(m * GB for m in (memory * stages if len(memory) == 1 else memory)) or None,
         carried=PartitionState.from_json(carried) if carried else None,

@@ -34,6 +34,7 @@ from titan_morph.monitor.profile import StepProfile
 from titan_morph.monitor.repartition import Partitioner
 from titan_morph.monitor.replan import MeasuredTimes, adapted_plan, search_iterations, wire_capacity_ms
 from titan_morph.pipelining.model import CostModel, Plan
+from titan_morph.pipelining.partition import evaluate_split
 from titan_morph.pipelining.slackness import tolerance_ms
 
 __all__ = ["AdaptPolicy", "Change", "Monitor"]
@@ -93,6 +94,8 @@ class Monitor:
         rule, policy: detector thresholds and what a decision may change.
         initial_planner: rebuilds the initial plan from measured times (None: it does not depend on
             them), applied after ``profile_steps`` steps.
+        plan_for: the initial plan for another count of microbatches (a DP replica's share changed,
+            :meth:`resize`); None: the count never changes.
     """
 
     def __init__(
@@ -107,6 +110,7 @@ class Monitor:
         initial_planner: Callable[[CostModel], Plan] | None = None,
         profile_steps: int = 0,
         stages_per_rank: int = 1,
+        plan_for: Callable[[int], Plan] | None = None,
     ) -> None:
         self.num_stages, self.microbatches = num_stages, microbatches
         self.ranks = num_stages // stages_per_rank
@@ -115,6 +119,7 @@ class Monitor:
         self.policy = policy or AdaptPolicy()
         self.times = MeasuredTimes(num_stages, fallback_times, stages_per_rank=stages_per_rank)
         self.initial_planner = initial_planner
+        self.plan_for = plan_for
         self.profile_steps = profile_steps
         self.profiles: list[StepProfile] = []
         self.estimates: list[LinkEstimate] = []
@@ -170,6 +175,34 @@ class Monitor:
             return Change(step, plan, (reason,), self.detector.planned_ms, replan_ms=replan_ms)
         reasons = (*change.reasons, reason)
         return replace(change, plan=plan, reasons=reasons, replan_ms=change.replan_ms + replan_ms)
+
+    def resize(self, microbatches: int) -> Plan:
+        """Plan for N = ``microbatches`` from now on (a rebalance across DP replicas,
+        :mod:`.rebalance`), in the state the monitor is in: the initial plan for N when every link is
+        healthy, else Alg. 2 for the planned delays; the partitioner's plan for its measured speeds
+        when it has them. Every rank of the pipeline makes the same plan."""
+        if self.plan_for is None and self.initial_planner is None:
+            raise ValueError(f"this monitor plans for N = {self.microbatches} only, not {microbatches}")
+        self.microbatches = microbatches
+        profiled = self.initial_planner is not None and self.step >= self.profile_steps
+        if profiled or self.plan_for is None:
+            assert self.initial_planner is not None
+            self.initial_plan = self.initial_planner(self.times.model(microbatches))
+        else:
+            self.initial_plan = self.plan_for(microbatches)
+        plan, policy = self.initial_plan, self.policy
+        if policy.enabled and self.detector.slow_links:
+            delays, transmit = self.detector.planned_ms, self.detector.planned_transmit_ms
+            model = self.times.model(microbatches, delays, policy.memory, transmit)
+            iterations = search_iterations(model, policy.search_iterations, policy.search_budget_ms)
+            plan = adapted_plan(model, search=policy.search, depth=policy.depth, iterations=iterations)
+        part = self.partitioner
+        if part is not None:
+            part.microbatches = microbatches
+            if part.costs is not None and policy.enabled:
+                problem = part.problem(part.detector.speeds, self.detector.planned_ms)
+                plan = evaluate_split(problem, part.split).plan
+        return plan
 
     def _made(self, change: Change) -> None:
         self.decisions += 1
