@@ -34,7 +34,13 @@ from titan_morph.comm.transport import TorchTransport, Transport
 from titan_morph.config import MorphSettings, Settings
 from titan_morph.config.links import break_window, configured_message_bytes, link_model, plan_transmit
 from titan_morph.integration.cpu import shared_gpu
-from titan_morph.integration.hybrid import HybridParallelDims, known_link_delays, make_exchange, pipeline_hosts
+from titan_morph.integration.hybrid import (
+    HybridParallelDims,
+    known_link_delays,
+    make_exchange,
+    pipeline_hosts,
+    replica_split,
+)
 from titan_morph.monitor.adapt import AdaptPolicy, Monitor
 from titan_morph.monitor.replan import adapted_plan, search_iterations
 from titan_morph.monitor.topology import PipelineCost
@@ -418,7 +424,8 @@ def make_monitor(
 ) -> Monitor:
     """The monitor of a titan_morph schedule (:func:`adapt_policy`): it measures every one. When the
     stage times are unknown, the initial plan is rebuilt from the times measured over the first
-    ``profile_steps`` steps (with the initial plan's ``transmit`` times)."""
+    ``profile_steps`` steps (with the initial plan's ``transmit`` times); for another N (a DP
+    replica's share changed) the initial plan is made for that N."""
     policy = adapt_policy(family, morph, stages, plan.model.memory)
     rule = morph.detect_rule()
     known = morph.stage_times(stages)
@@ -427,7 +434,7 @@ def make_monitor(
 
         def planner(measured: CostModel) -> Plan:
             times = tuple(zip(measured.fwd, measured.bwd, measured.wgt))
-            return initial_plan(family, morph, stages, n_microbatches, times, transmit)
+            return initial_plan(family, morph, stages, measured.microbatches, times, transmit)
 
     return Monitor(
         num_stages=stages,
@@ -439,6 +446,7 @@ def make_monitor(
         initial_planner=planner,
         profile_steps=morph.profile_steps,
         stages_per_rank=plan.model.stages_per_rank,
+        plan_for=lambda n: initial_plan(family, morph, stages, n, transmit=transmit),
     )
 
 
@@ -517,7 +525,9 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
         morph = req.settings.morph
         stages = req.stage.num_stages
         transmit = plan_transmit(morph, req.links()) if req.stage.group_size > 1 else None
-        plan = initial_plan(family, morph, stages, req.n_microbatches, transmit=transmit)
+        replicas = replica_split(req.settings, req.parallel_dims)  # DP x PP: microbatches per replica
+        n, most = (replicas.mine, req.settings.replica_capacity) if replicas else (req.n_microbatches,) * 2
+        plan = initial_plan(family, morph, stages, n, transmit=transmit)
         device_clock = prepare_stage(req)
         multi = req.stage.group_size > 1
         transport = monitor = None
@@ -526,24 +536,16 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
             hybrid = isinstance(req.parallel_dims, HybridParallelDims)
             clock = sync_clock(None if hybrid else req.stage.group)  # DP x PP: one clock for the world
             transport = make_transport(req, clock, monitored=morph.monitor) or TorchTransport(clock.epoch)
+            group, per_rank = _group_of(req.stage), plan.model.stages_per_rank
             if morph.monitor:
-                monitor = make_monitor(family, morph, plan, stages, req.n_microbatches, transmit)
+                monitor = make_monitor(family, morph, plan, stages, n, transmit)
                 cost = pipeline_cost(family, morph, plan)
-                exchange = make_exchange(
-                    req.settings,
-                    _group_of(req.stage),
-                    req.n_microbatches,
-                    clock.epoch,
-                    req.parallel_dims,
-                    cost,
-                    plan.model.stages_per_rank,
-                )
+                epoch, dims = clock.epoch, req.parallel_dims
+                exchange = make_exchange(req.settings, group, most, epoch, dims, cost, per_rank, replicas)
             if exchange is None and morph.host_interfaces:  # the per-step exchange on the host NIC
-                exchange = StepExchange(
-                    _group_of(req.stage), req.n_microbatches, plan.model.stages_per_rank, morph.host_interfaces[0]
-                )
+                exchange = StepExchange(group, most, per_rank, morph.host_interfaces[0])
             if monitor is not None and hybrid:  # slow pairs the orchestrator moved onto this pipeline
-                known = known_link_delays(_group_of(req.stage))
+                known = known_link_delays(group)
                 why = "known before the first step (the orchestrator moved a slow pair onto it)"
                 change = monitor.assume_slow(known, why)
                 if change is not None:
@@ -553,7 +555,7 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
                     logger.warning("titan_morph: %s", change.describe(plan, times, delegated))
         return MorphSchedule(
             req.local_stages,
-            req.n_microbatches,
+            n,
             req.loss_fn,
             plan=plan,
             transport=transport,
@@ -564,6 +566,8 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
             device_clock=device_clock,
             exchange=exchange,
             summary_window=morph.inject.window(req.settings.job.steps),
+            replicas=replicas,
+            max_microbatches=most,
         )
 
     build_schedule.__doc__ = f"titan_morph's {family} plan in MorphSchedule."

@@ -27,6 +27,12 @@ shard of the state and its data order), only its host changed. Losses therefore 
 without the move. The pairs measured slow travel with the relaunch: a pipeline whose link now
 carries one starts planned for its delay, the link delegated (Fig. 13 step 5; the schedule builder
 calls :func:`known_link_delays`).
+
+Replicas. A slow device moves with its host, so no move helps it: with ``[morph]
+rebalance_microbatches`` (:func:`replica_split`) the replicas' microbatches follow their measured
+speeds instead (:mod:`titan_morph.monitor.rebalance`), the global batch unchanged
+(:mod:`titan_morph.runtime.replicas`). Both act in one job: a move relaunches, and the relaunched
+ranks start from the even split (or ``replica_microbatches``) and measure again.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torchtitan.distributed import ParallelDims
 
 from titan_morph.comm.emulator import collectives
+from titan_morph.comm.groups import cpu_group
 from titan_morph.config import Settings
 from titan_morph.config.links import pair_delays
 from titan_morph.integration.relaunch import (
@@ -51,8 +58,10 @@ from titan_morph.integration.relaunch import (
     moves_before,
     request_relaunch,
 )
+from titan_morph.monitor.rebalance import Rebalancer
 from titan_morph.monitor.topology import Layout, Move, PipelineCost, TopologyMonitor
 from titan_morph.runtime.hybrid import HybridExchange
+from titan_morph.runtime.replicas import ReplicaSplit
 
 __all__ = [
     "DP_MESH_DIMS",
@@ -64,6 +73,7 @@ __all__ = [
     "make_exchange",
     "parallel_dims_for",
     "pipeline_hosts",
+    "replica_split",
     "save_now",
 ]
 
@@ -159,6 +169,28 @@ def parallel_dims_for(settings: Settings, dims: ParallelDims) -> ParallelDims:
     return HybridParallelDims(**_init_fields(dims))
 
 
+def replica_split(settings: Settings, parallel_dims: ParallelDims | None) -> ReplicaSplit | None:
+    """This rank's replica and the microbatches of every replica, for a DP x PP run on the DP
+    backend (the world-wide exchange carries the speeds) whose counts may differ: ``[morph]
+    replica_microbatches`` given, or ``rebalance_microbatches`` with ``monitor``. None otherwise
+    (N each, as TorchTitan splits). A collective over this stage's DP ranks (their CPU group)."""
+    morph = settings.morph
+    moving = morph.rebalance_microbatches and morph.monitor
+    if not isinstance(parallel_dims, HybridParallelDims) or not (moving or morph.replica_microbatches):
+        return None
+    dp = parallel_dims.shard_mesh()
+    if dp is None or dp.size() != settings.dp_degree:  # replicated DP (HSDP) is not split here
+        return None
+    interface = morph.host_interfaces[0] if morph.host_interfaces else ""
+    group = cpu_group(dp.get_group(), interface)
+    counts = settings.replica_counts
+    rebalancer = None
+    if moving:
+        n, cap, rule = settings.microbatches, settings.replica_capacity, morph.detect_rule()
+        rebalancer = Rebalancer(settings.stages, settings.dp_degree, n, cap=cap, rule=rule, counts=counts)
+    return ReplicaSplit(counts, dp.get_local_rank(), group, rebalancer)
+
+
 def make_exchange(
     settings: Settings,
     pipeline_group: dist.ProcessGroup,
@@ -167,8 +199,10 @@ def make_exchange(
     parallel_dims: ParallelDims | None,
     cost: PipelineCost | None,
     stages_per_rank: int = 1,
+    replicas: ReplicaSplit | None = None,
 ) -> HybridExchange | None:
-    """The world-wide exchange of a DP x PP run on the DP backend (None otherwise)."""
+    """The world-wide exchange of a DP x PP run on the DP backend (None otherwise); ``microbatches``:
+    the most a step of this pipeline may run, ``replicas``: the rebalancer it feeds."""
     if not isinstance(parallel_dims, HybridParallelDims):
         return None
     morph = settings.morph
@@ -184,6 +218,7 @@ def make_exchange(
         moves_before=moves_before(),
         stages_per_rank=stages_per_rank,
         interface=morph.host_interfaces[0] if morph.host_interfaces else "",
+        replicas=replicas,
     )
 
 

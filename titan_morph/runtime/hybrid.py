@@ -9,7 +9,9 @@ rows over the world. Every rank then
 * hands its own pipeline's rows to the pipeline's monitor exactly as :class:`StepExchange` does
   (plan check, Eq. 1 detection, re-planning per pipeline), and
 * feeds every rank's DP stamps to the :class:`~titan_morph.monitor.topology.TopologyMonitor`, which
-  reaches the same decision everywhere.
+  reaches the same decision everywhere, and
+* with microbatches moved between replicas (:mod:`.replicas`), every rank's op time to the
+  rebalancer, which reaches the same split everywhere.
 
 When the monitor finds a DP group of more than two ranks slow, the group's members probe its
 ring after the exchange: one small message over each ring pair, through the same emulated group,
@@ -27,6 +29,8 @@ import torch.distributed as dist
 from titan_morph.comm.emulator import collectives
 from titan_morph.comm.emulator.collectives import CollectiveRecord
 from titan_morph.comm.groups import cpu_group
+from titan_morph.monitor.compute import op_time_ms
+from titan_morph.monitor.profile import decode
 from titan_morph.monitor.topology import (
     CollectiveStamp,
     Move,
@@ -36,6 +40,7 @@ from titan_morph.monitor.topology import (
     segment_width,
 )
 from titan_morph.runtime.exchange import StepExchange
+from titan_morph.runtime.replicas import ReplicaSplit
 
 __all__ = ["HybridExchange", "stamps_of"]
 
@@ -68,6 +73,8 @@ class HybridExchange(StepExchange):
         capacity: DP stamps a rank reports per step (the newest; older ones are counted as dropped).
         moves_before: topology moves made before this launch (``morph/topology_changes`` counts on).
         interface: the network interface of the exchange's gloo groups ("" = torch's choice).
+        replicas: this replica's share of the global batch, whose rebalancer every rank's op time
+            feeds after each step (None: the split stays even).
     """
 
     def __init__(
@@ -82,8 +89,10 @@ class HybridExchange(StepExchange):
         moves_before: int = 0,
         stages_per_rank: int = 1,
         interface: str = "",
+        replicas: ReplicaSplit | None = None,
     ) -> None:
         super().__init__(pipeline_group, microbatches, stages_per_rank, interface)
+        self.replicas = replicas
         world = dist.group.WORLD
         if world is None:  # torch types WORLD as optional: it is None before init_process_group
             raise RuntimeError("HybridExchange: torch.distributed has no default process group")
@@ -107,6 +116,8 @@ class HybridExchange(StepExchange):
         """The topology monitor's scalars and ``morph/topology_changes`` (moves so far, this one included)."""
         out = self.topology.metrics()
         out["morph/topology_changes"] = float(self.moves_before + (self.move is not None))
+        if self.replicas is not None:
+            out.update(self.replicas.metrics())
         return out
 
     def all_gather(self, row: list[float], step: int) -> list[list[float]]:
@@ -120,6 +131,8 @@ class HybridExchange(StepExchange):
         values = [r.tolist() for r in rows]
         decoded = [decode_stamps(v[width:]) for v in values]
         self.topology.observe(step + 1, [s for s, _ in decoded], dropped=sum(d for _, d in decoded))
+        if self.replicas is not None:
+            self.replicas.observe(step + 1, [op_time_ms(decode(v[:width], self.stages_per_rank)) for v in values])
         self._probe()
         return [values[r][:width] for r in self.pipeline_ranks]
 

@@ -48,6 +48,7 @@ from titan_morph.runtime.metrics import (
 from titan_morph.runtime.optime import CLOCK_CODES, OpSpan, OpTimer
 from titan_morph.runtime.optime import op_timer as make_op_timer
 from titan_morph.runtime.records import StepRecord
+from titan_morph.runtime.replicas import ReplicaSplit
 from titan_morph.runtime.summary import StepHistory, StepPoint
 from titan_morph.runtime.testbed import DeviceClock
 
@@ -57,6 +58,8 @@ logger = logging.getLogger(__name__)
 
 RECORDS_KEPT = 4  # per-step records a schedule holds (the newest)
 
+_PRE_SPLIT = {"arg_mbs", "kwarg_mbs", "target_mbs"}
+_STEP_OPTIONS = ("losses", "return_outputs", "loss_kwargs", *sorted(_PRE_SPLIT))
 _TIMED_METHODS = {"forward_one_chunk": "F", "backward_one_chunk": "B", "backward_weight_one_chunk": "W"}
 
 
@@ -105,6 +108,10 @@ class MorphSchedule(_PipelineScheduleRuntime):
             DP x PP passes one over the whole world, :class:`~titan_morph.runtime.hybrid.HybridExchange`).
         summary_window: the injected straggler's first and last step, which the end-of-run summary's
             phases follow (None: the steps the monitor holds a link slow; :class:`StepHistory`).
+        replicas: DP x PP with microbatches moved between replicas (:mod:`.replicas`): this replica's
+            count follows it from step to step, its plan re-made by the monitor (None: N stays).
+        max_microbatches: the most microbatches a step may run here (the stages' per-microbatch
+            buffers are made for that many; None: ``n_microbatches``).
     """
 
     def __init__(
@@ -123,6 +130,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
         exchange: StepExchange | None = None,
         op_timer: OpTimer | None = None,
         summary_window: tuple[int, int] | None = None,
+        replicas: ReplicaSplit | None = None,
+        max_microbatches: int | None = None,
         **kwargs: Any,
     ) -> None:
         per_rank = plan.model.stages_per_rank
@@ -151,6 +160,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
             transport = TorchTransport(sync_clock(group).epoch if distributed else None)
         self.transport: Transport = transport
         self.monitor = monitor
+        self.replicas = replicas
+        self.max_microbatches = max(max_microbatches or n_microbatches, n_microbatches)
         self.device_clock = device_clock
         self.op_timer: OpTimer = op_timer if op_timer is not None else make_op_timer(device_clock, stage.device)
         self._per_stage = per_rank > 1
@@ -175,7 +186,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         if exchange is None and distributed:
             if group is None:  # torch types WORLD as optional: it is None before init_process_group
                 raise RuntimeError("MorphSchedule: torch.distributed has no default process group")
-            exchange = StepExchange(group, n_microbatches, per_rank)
+            exchange = StepExchange(group, self.max_microbatches, per_rank)
         self._exchange = exchange
         self._timeline = TimelineRenderer()
         for st in stages:
@@ -212,6 +223,40 @@ class MorphSchedule(_PipelineScheduleRuntime):
         if previous is not plan and previous.plan_id != plan.plan_id:
             self.plan_changes += 1
             logger.info("pipeline plan %s -> %s (x=%s)", previous.plan_id, plan.plan_id, list(plan.warmup))
+
+    def set_microbatches(self, n: int, plan: Plan) -> None:
+        """Run ``n`` microbatches per step from the next step on, with ``plan`` (made for ``n``): this
+        DP replica's share of the global batch changed. Call it between steps on every rank of the
+        pipeline; the next per-step exchange checks that they run one plan."""
+        if not 1 <= n <= self.max_microbatches:
+            raise ValueError(f"{n} microbatches: this schedule runs 1..{self.max_microbatches}")
+        previous, self._n_microbatches = self._n_microbatches, n
+        try:
+            self.set_plan(plan, check=False)
+        except Exception:
+            self._n_microbatches = previous
+            raise
+
+    def step(self, *args: Any, target: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        """torch's step on the whole local batch; with DP replicas of uneven counts, first this
+        replica's share of the global batch (:meth:`ReplicaSplit.reshare`, a collective per stage)."""
+        if self.replicas is not None:
+            own: dict[str, Any] = {k: kwargs.pop(k) for k in _STEP_OPTIONS if k in kwargs}
+            if own.keys() & _PRE_SPLIT:  # torch's pre-split form (TorchTitan 0.3.0)
+                own = self.replicas.reshare_split(own)
+            else:
+                args, kwargs, target = self.replicas.reshare(args, kwargs, target)
+            kwargs.update(own)  # the schedule's own options, not model inputs
+        return super().step(*args, target=target, **kwargs)
+
+    def _initialize_stages(self, *args: Any, **kwargs: Any) -> Any:
+        """torch's set-up of the stages at the first step, their per-microbatch receive buffers made
+        for :attr:`max_microbatches` (the count may change between steps; :meth:`set_microbatches`)."""
+        n, self._n_microbatches = self._n_microbatches, self.max_microbatches
+        try:
+            return super()._initialize_stages(*args, **kwargs)
+        finally:
+            self._n_microbatches = n
 
     @property
     def is_last_stage(self) -> bool:
@@ -357,6 +402,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
             change = self.monitor.observe(record.step + 1, self.profiles, self.plan)
             if change is not None:
                 self._apply(change)
+        if self.replicas is not None and self.replicas.last is not None:
+            self._rebalance(self.replicas)
         slow = self.monitor.detector.slow_links if self.monitor is not None else ()
         self.history.append(
             StepPoint(
@@ -381,6 +428,19 @@ class MorphSchedule(_PipelineScheduleRuntime):
             "titan_morph: %s",
             change.describe(self.plan, self.monitor.times.times(), sorted(self.transport.delegated())),
         )
+
+    def _rebalance(self, replicas: ReplicaSplit) -> None:
+        """Install a rebalance across DP replicas on this rank (every rank decided the same): this
+        replica's new count, with the monitor's plan for it."""
+        decision, k, n = replicas.last, replicas.replica, replicas.mine
+        assert decision is not None
+        tail = f"replica {k} keeps {n} microbatches"
+        if n != self._n_microbatches:
+            if self.monitor is None:
+                raise RuntimeError("MorphSchedule: microbatch counts change only with a monitor")
+            self.set_microbatches(n, self.monitor.resize(n))
+            tail = f"replica {k} runs {n} microbatches: plan {self.plan.plan_id} x={list(self.plan.warmup)}"
+        logger.warning("titan_morph: %s -> %s", decision.describe(), tail)
 
     def _blocked_delta(self) -> dict[int, float]:
         """Per-link ms this rank was blocked in sends during the step (the transport's totals, differenced)."""
