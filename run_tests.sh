@@ -17,7 +17,7 @@ if [ -n "${TORCHTITAN:-}" ] && [ "${TORCHTITAN}" != "0.2.2" ]; then
     # TorchTitan 0.3.0: its adapter and config functions type-checked, its tests (tests/titan03) unless
     # paths are given; the 0.2.2 adapter does not load there.
     echo "[types] mypy titan_morph/integration/titan03 titan_morph/configs.py" >&2
-    "$VENV_PY" -m mypy titan_morph/integration/titan03 titan_morph/configs.py \
+    "$VENV_PY" -m mypy titan_morph/integration/titan03/*.py titan_morph/configs.py \
         || { echo "[types] the type check failed (above)" >&2; exit 1; }
     paths=(tests/titan03)
     for arg in "$@"; do

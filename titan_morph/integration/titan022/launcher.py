@@ -56,15 +56,19 @@ def message_bytes(job_config: JobConfig, settings: Settings) -> int | None:
     dtype the stages exchange (FSDP's ``mixed_precision_param`` when it shards, else float32);
     None when the model's width cannot be found (a model titan_morph does not know)."""
     try:
+        from torchtitan.models.llama3 import TransformerModelArgs
         from torchtitan.protocols.train_spec import get_train_spec
 
         from titan_morph.integration.titan022.train_spec import register
 
         register()
-        dim = int(get_train_spec(job_config.model.name).model_args[job_config.model.flavor].dim)
+        args = get_train_spec(job_config.model.name).model_args[job_config.model.flavor]
         seq_len = int(job_config.training.seq_len)
     except Exception:
         return None
+    if not isinstance(args, TransformerModelArgs):  # llama3's and the synthetic testbed's (its subclass)
+        return None
+    dim = args.dim
     shards = settings.job.data_parallel_shard_degree != 1
     dtype = str(job_config.training.mixed_precision_param) if shards else "float32"
     return settings.job.microbatch_size * seq_len * dim * _DTYPE_BYTES.get(dtype, 4)

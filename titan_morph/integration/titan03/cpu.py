@@ -52,9 +52,9 @@ def adapt_attention(model_config: BaseModel.Config) -> int:
     from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
 
     found = list(model_config.traverse(FlexAttention.Config))
-    for _, _, parent, attr in found:
-        if isinstance(parent, list):
+    for _, _, parent, attr in found:  # the root (no parent) is a model, never an attention module
+        if isinstance(parent, list) and isinstance(attr, int):
             parent[attr] = ScaledDotProductAttention.Config()
-        else:
+        elif parent is not None and isinstance(attr, str):
             setattr(parent, attr, ScaledDotProductAttention.Config())
     return len(found)

@@ -46,11 +46,16 @@ hybrid_cpu); --module M picks another module."""
 def _message_bytes(config: Trainer.Config, settings: Settings) -> int | None:
     """Bytes of one pipeline message in a 0.3.0 config (microbatch x seq_len x width, in the dtype
     the stages exchange); None when the model's width cannot be found."""
-    try:
-        dim = int(config.model_spec.model.dim)
-        if config.model_spec.flavor == "synthetic":
-            dim = settings.morph.synthetic.hidden
-    except AttributeError:
+    from torchtitan.models.llama3 import Llama3Model
+
+    spec = config.model_spec
+    if spec is None:
+        return None
+    if spec.flavor == "synthetic":
+        dim = settings.morph.synthetic.hidden
+    elif isinstance(spec.model, Llama3Model.Config):
+        dim = spec.model.dim
+    else:  # a model titan_morph does not know
         return None
     shards = settings.job.data_parallel_shard_degree != 1
     width = 2 if shards and str(config.training.mixed_precision_param) == "bfloat16" else 4
