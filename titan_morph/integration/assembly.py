@@ -580,6 +580,7 @@ def run_summary(settings: Settings, schedule: object) -> list[str]:
     ZB-H2 simulated under the same delays with the configured stage times, or the measured ones."""
     if not isinstance(schedule, MorphSchedule) or not schedule.is_last_stage or not schedule.history:
         return []
+    schedule.settle_costs()  # the last step's straggler costs, if still due
     morph = settings.morph
     plan_model = schedule.plan.model
     stages = plan_model.stages

@@ -31,6 +31,7 @@ from titan_morph.comm.clock import sync_clock
 from titan_morph.comm.scope import use_transport
 from titan_morph.comm.transport import Handle, TorchTransport, Transport
 from titan_morph.monitor.adapt import Change, Monitor
+from titan_morph.monitor.attribution import Attribution, Measured, StragglerCosts
 from titan_morph.monitor.profile import StepProfile
 from titan_morph.pipelining.model import Plan, validate_orders
 from titan_morph.pipelining.simulate import simulate
@@ -189,6 +190,16 @@ class MorphSchedule(_PipelineScheduleRuntime):
             exchange = StepExchange(group, self.max_microbatches, per_rank)
         self._exchange = exchange
         self._timeline = TimelineRenderer()
+        # what each straggler costs: measured on the logging (last) stage only, simulated after the
+        # step's grad-norm all-reduce, in the slack before the last stage's first input arrives
+        self.attribution: StragglerCosts | None = None
+        if monitor is not None and self._is_last:
+            profiled = max(monitor.profile_steps, 2)
+            self.attribution = StragglerCosts(
+                self._num_stages, monitor.detector.rule, profile_steps=profiled, stages_per_rank=per_rank
+            )
+        self.last_attribution: Attribution | None = None
+        self._costs_due: tuple[Measured, Plan, int | None, float | None] | None = None
         for st in stages:
             self._instrument(st, per_stage=per_rank > 1)
         self.set_plan(plan)
@@ -287,6 +298,11 @@ class MorphSchedule(_PipelineScheduleRuntime):
             out.update(self._exchange.tensorboard_metrics(step))
         if self.monitor is not None:
             out.update(self.monitor.metrics(self.transport.delegated()))
+        self.settle_costs()
+        att = self.last_attribution
+        if att is not None and att.step == rec.step + 1:
+            out.update({f"morph/straggler_cost_ms/{cause}": ms for cause, ms in att.costs.items()})
+            out["morph/attribution_ms"] = att.took_ms
         if self.predict and self._is_last and self.profiles:
             predicted = predicted_ms(
                 self.plan, self.transport.links, self._predicted_depth(), rec.step + 1, self.profiles[0].start_ms
@@ -304,6 +320,24 @@ class MorphSchedule(_PipelineScheduleRuntime):
         if self.transport.delegated():  # slow links run on the non-blocking delegates
             return None
         return self.transport.depth
+
+    def settle_costs(self) -> None:
+        """Simulate the last step's straggler costs if still due (:mod:`titan_morph.monitor.attribution`)
+        and file them in :attr:`history`. Called where the last stage has time: before its next step,
+        when its figures are logged, before the run summary."""
+        due, self._costs_due = self._costs_due, None
+        if due is None or self.attribution is None:
+            return
+        measured, plan, depth, step_ms = due
+        n = plan.model.microbatches
+        initial = self.monitor.initial_plan if self.monitor is not None else None  # the plan when nothing is slow
+        orders = initial.orders if initial is not None and initial.model.microbatches == n else None
+        att = self.attribution.attribute(measured, plan.orders, n, depth=depth, initial=orders)
+        if att is None:
+            return
+        self.last_attribution = att
+        step_ms = step_ms if step_ms is not None else att.makespan_ms
+        self.history.costs.add(att.step, {cause: att.costs[cause] for cause in att.off}, step_ms)
 
     def close(self, timeout_s: float) -> None:
         """End the schedule's background work (the plan timeline being drawn), within ``timeout_s``."""
@@ -358,6 +392,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
             kinds[span.kind] = (total + took, count + 1)
 
     def _step_microbatches(self, *args: Any, **kwargs: Any) -> Any:
+        self.settle_costs()
         record = StepRecord(self._steps, self.plan.plan_id, 0.0, self.planned_makespan_ms)
         self.transport.set_step(self._steps + 1)  # TorchTitan counts steps from 1
         self._current = record
@@ -398,6 +433,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         # grad-norm all-reduce waits for it anyway): count the exchange from the last arrival.
         last_in = max(p.sent_ms for p in self.profiles)
         exchange_ms = max(0.0, (t_gathered - epoch) * 1e3 - max(last_in, prof.sent_ms))
+        ran, depth = self.plan, self._predicted_depth()  # before a change: what this step ran
         if self.monitor is not None:
             change = self.monitor.observe(record.step + 1, self.profiles, self.plan)
             if change is not None:
@@ -415,6 +451,12 @@ class MorphSchedule(_PipelineScheduleRuntime):
                 self.profiles[0].start_ms if self.profiles else 0.0,
             )
         )
+        if self.attribution is not None and self.monitor is not None:
+            measured = self.attribution.observe(
+                record.step + 1, self.profiles, self.monitor.estimates, self.monitor.partitioner
+            )
+            if measured is not None:
+                self._costs_due = (measured, ran, depth, pipeline_ms(self.profiles, self.pp_group_size))
         self.monitor_ms = (t_sent - t0 + time.monotonic() - t_gathered) * 1e3 + exchange_ms
 
     def _apply(self, change: Change) -> None:

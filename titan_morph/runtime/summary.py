@@ -12,6 +12,10 @@ bound on any schedule under them. With two stages per rank (the V) the baseline 
 A run may last 10^5 steps: each phase keeps a bounded sample of its steps (:class:`StepSample`), and
 the simulator replays at most :data:`SIMULATED` of them per phase at the end, so neither the memory
 nor the time the summary takes grows with the run.
+
+Then the top causes by what they cost (:class:`CostTally`, fed each step's attribution,
+:mod:`titan_morph.monitor.attribution`): per cause, its median cost per step over the steps it was
+off its baseline, that cost's share of those steps' pipeline time, and the time it lost in all.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from titan_morph.pipelining.builders import build
@@ -28,12 +32,24 @@ from titan_morph.pipelining.links import LinkDownError, LinkModel
 from titan_morph.pipelining.model import CostModel
 from titan_morph.pipelining.simulate import simulate
 
-__all__ = ["SAMPLE_CAP", "SIMULATED", "StepHistory", "StepPoint", "StepSample", "summary_lines", "zbh2_ms"]
+__all__ = [
+    "SAMPLE_CAP",
+    "SIMULATED",
+    "TOP_CAUSES",
+    "CostTally",
+    "StepHistory",
+    "StepPoint",
+    "StepSample",
+    "summary_lines",
+    "zbh2_ms",
+]
 
 SAMPLE_CAP = 1024
 """Steps a phase's sample keeps (24 bytes each): its median pipeline time is exact up to this many."""
 SIMULATED = 64
 """Steps per phase the simulator replays at the end (ZB-H2 and the bound): a fixed cost at exit."""
+TOP_CAUSES = 3
+"""Causes the summary names, the costliest first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,12 +143,64 @@ class StepSample:
         return [(s, t) for s, t in zip(self._steps, self._start, strict=True) if s % stride == 0]
 
 
+class CostTally:
+    """What each straggler cost over the run: per cause (``link2``, ``rank3``), the steps it was off
+    its baseline, the sum of its costs, and two bounded samples of those steps (:class:`StepSample`,
+    the same steps in both): its cost, and its share of the step in %. Memory: two samples per
+    cause, at most 2R - 1 causes."""
+
+    def __init__(self, cap: int = SAMPLE_CAP) -> None:
+        self.cap = cap
+        self.total_ms: dict[str, float] = {}
+        self._cost: dict[str, StepSample] = {}
+        self._share: dict[str, StepSample] = {}
+
+    def add(self, step: int, costs: Mapping[str, float], step_ms: float) -> None:
+        """Step ``step``'s costs (ms) of the causes off their baseline; ``step_ms``: its pipeline time."""
+        for cause, ms in costs.items():
+            if cause not in self._cost:
+                self._cost[cause], self._share[cause] = StepSample(self.cap), StepSample(self.cap)
+            self.total_ms[cause] = self.total_ms.get(cause, 0.0) + ms
+            self._cost[cause].add(StepPoint(step, ms, (), (), ""))
+            share = 100.0 * ms / step_ms if step_ms > 0 else 0.0
+            self._share[cause].add(StepPoint(step, share, (), (), ""))
+
+    def top(self, limit: int = TOP_CAUSES) -> list[tuple[str, float, float, StepSample]]:
+        """The ``limit`` causes that lost the most time in all (ties by name), positive ones only:
+        (cause, median cost per step, median share of the step %, their steps)."""
+        ranked = sorted((c for c, t in self.total_ms.items() if t > 0), key=lambda c: (-self.total_ms[c], c))
+        out = []
+        for cause in ranked[:limit]:
+            cost, share = self._cost[cause].median_ms(), self._share[cause].median_ms()
+            assert cost is not None and share is not None
+            out.append((cause, cost, share, self._cost[cause]))
+        return out
+
+    def lines(self, limit: int = TOP_CAUSES) -> list[str]:
+        """The summary's lines about the top causes (none when nothing cost anything)."""
+        top = self.top(limit)
+        if not top:
+            return []
+        lines = [
+            "  what the stragglers cost (simulated: the measured step against the same with one link or rank"
+            " at its baseline; median per step while off it):"
+        ]
+        for cause, cost, share, sample in top:
+            name = f"{cause[:4]} {cause[4:]}"
+            lines.append(
+                f"    {name:<8} {cost:7.0f} ms per step ({share:4.1f} % of the step) over {sample.count} steps"
+                f" ({sample.first}-{sample.last}), {self.total_ms[cause] / 1e3:.1f} s in all"
+            )
+        return lines
+
+
 class StepHistory:
     """Every step's point, filed at once under its phase: before, during (``adapted``: the steps of
     it that ran another plan than its first step) and after the straggler -- the injection ``window``
     (first, last step) when one was injected, else the steps from the first to the last one the
     monitor held a link slow. The first ``skip`` steps (warm-up: first-use costs) and steps without
-    a pipeline time are left out. Memory: six :class:`StepSample` of at most ``cap`` steps."""
+    a pipeline time are left out. Memory: six :class:`StepSample` of at most ``cap`` steps, and the
+    straggler costs' :class:`CostTally`."""
 
     def __init__(self, window: tuple[int, int] | None = None, *, skip: int = 1, cap: int = SAMPLE_CAP) -> None:
         self.window, self.skip, self.cap = window, skip, cap
@@ -140,6 +208,7 @@ class StepHistory:
         self._after_adapted = StepSample(cap)  # steps since the last slow one that ran another plan
         self._first_plan: str | None = None
         self.steps = 0
+        self.costs = CostTally(cap)  # what each straggler cost, filed by the attribution
 
     def __len__(self) -> int:
         """Steps appended (the left-out ones included)."""
@@ -232,7 +301,8 @@ def summary_lines(
     if "during" not in parts:
         median = parts["before"].median_ms()
         text = "n/a" if median is None else f"{median:.0f} ms"
-        return [f"run summary: no straggler; median pipeline time {text} over {parts['before'].count} steps"]
+        head = f"run summary: no straggler; median pipeline time {text} over {parts['before'].count} steps"
+        return [head, *history.costs.lines()]
     base = "ZB-H2" if baseline_name(model) == "zb-h2" else "ZB-V"
     if links is None:  # no modelled delays (e.g. a link that really broke): nothing to simulate against
         lines = ["run summary (median pipeline time per step):"]
@@ -257,4 +327,4 @@ def summary_lines(
             line += f"   delegated links {sorted(part.delegated) or 'none'}"
         lines.append(line)
     lines.append(f"  plan changes made by the monitor: {decisions}")
-    return lines
+    return [*lines, *history.costs.lines()]
