@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import random
 import tracemalloc
 
@@ -57,6 +58,8 @@ def test_random_delays_answer_an_old_time_with_one_window_of_draws() -> None:
     assert model.held(1) <= 2 * changes
     assert model.delay_ms(1, "fwd", 36_000_000.0) == late and model.held(1) <= 2 * changes
     assert old == [_model().delay_ms(1, "fwd", t) for t in (1_000.0, 1_500.0, 60_000.0)]
+    copy = pickle.loads(pickle.dumps(model))  # e.g. handed to a spawned rank
+    assert copy.delay_ms(1, "fwd", 36_000_000.0) == late and copy.delay_ms(1, "fwd", 1_000.0) == old[0]
 
 
 def test_random_delays_first_window_is_the_links_seed_stream() -> None:

@@ -33,6 +33,7 @@ import bisect
 import csv
 import math
 import random
+import threading
 from array import array
 from collections import deque
 from collections.abc import Sequence
@@ -210,6 +211,14 @@ class RandomDelays(LinkModel):
         self._active = active
         self.window_ms = self.WINDOW_CHANGES * (low + high) / 2.0
         self._windows = [[None, None] for _ in range(self.num_links)]  # per link: [newest, other]
+        self._lock = threading.Lock()  # the transports' threads ask too: one extends a window at a time
+
+    def __getstate__(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def _draw(self, rng: tuple[random.Random, random.Random]) -> tuple[float, float | None]:
         """(delay, rate) of one change (no rate drawn when rates are not set)."""
@@ -218,7 +227,7 @@ class RandomDelays(LinkModel):
 
     def _window(self, link: int, index: int) -> _Window:
         """The link's window ``index``: a held one, or drawn anew (it then replaces the newest when
-        it is later, else the other). Threads may race here: both draw the same values."""
+        it is later, else the other)."""
         slots = self._windows[link]
         for win in slots:
             if win is not None and win.index == index:
@@ -234,7 +243,8 @@ class RandomDelays(LinkModel):
         if link not in self._active:
             return 0.0, None
         index = max(0, math.floor(t_ms / self.window_ms)) if math.isfinite(t_ms) else 0
-        return self._window(link, index).at(self, t_ms)
+        with self._lock:
+            return self._window(link, index).at(self, t_ms)
 
     def held(self, link: int) -> int:
         """Change points held for ``link`` (two windows' at most, whatever the run's length)."""
