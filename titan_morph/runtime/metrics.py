@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import logging
 import math
+import pickle
 import statistics
-import threading
+import subprocess
+import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from titan_morph.monitor.profile import StepProfile
@@ -157,53 +161,65 @@ def bound_ms(plan: Plan, links: LinkModel | None, step: int, t0_ms: float) -> fl
 class TimelineRenderer:
     """The active plan's simulated timeline as an RGB array, once per plan change.
 
-    Rendering takes ~1 s of matplotlib, far too long to spend between two steps on the logging rank
-    (it would stall the whole pipeline), so it runs in a background thread; the image is returned by
-    the first call after it is ready (and logged at that step).
+    Drawing takes ~1 s of matplotlib, far too long to spend between two steps on the logging rank
+    (it would stall the whole pipeline), and what matplotlib allocates natively stays with the
+    process that draws (:mod:`titan_morph.pipelining.render`): a child process draws it, one at a
+    time, and the first call after it is done returns the image (logged at that step).
     """
 
     def __init__(self) -> None:
-        self._image_for: str | None = None  # plan id whose timeline was last rendered
-        self._job: tuple[threading.Thread, dict[str, Any]] | None = None
+        self._image_for: str | None = None  # plan id whose timeline was last asked for
+        self._job: tuple[subprocess.Popen[bytes], tempfile.TemporaryDirectory[str]] | None = None
 
     def image(self, plan: Plan, title: str) -> Any | None:
         job = self._job
-        if job is not None and not job[0].is_alive():
+        if job is not None and job[0].poll() is not None:
             self._job = None
-            return job[1].get("img")
+            return _collect(*job)
         if job is None and self._image_for != plan.plan_id:
             self._image_for = plan.plan_id
-            out: dict[str, Any] = {}
-            thread = threading.Thread(
-                target=_render_timeline, args=(plan, title, out), name="titan_morph-timeline", daemon=True
-            )
-            thread.start()
-            self._job = (thread, out)
+            try:
+                self._job = _start_render(plan, title)
+            except Exception as err:  # a picture must never break training
+                logger.warning("titan_morph: could not render the plan timeline: %s", err)
         return None
 
     def close(self, timeout_s: float) -> None:
-        """Wait (at most ``timeout_s``) for a render in progress. The thread is a daemon so that it
-        never holds a failing run, but one still inside matplotlib's C++ code when the interpreter
-        exits aborts the process ("terminate called without an active exception"), and leaves its
-        temporary folder behind: a plan change at the last step did exactly that."""
+        """End a render in progress (its picture would be logged by no later step): the child is
+        stopped and its folder removed at once; ``timeout_s`` bounds the wait for it to go."""
         job, self._job = self._job, None
         if job is None:
             return
-        job[0].join(timeout_s)
-        if job[0].is_alive():
-            logger.warning("titan_morph: the plan timeline was still rendering after %.0f s at exit", timeout_s)
+        proc, folder = job
+        if proc.poll() is None:
+            proc.kill()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            logger.warning(
+                "titan_morph: the plan timeline's process %d did not exit within %.0f s", proc.pid, timeout_s
+            )
+        folder.cleanup()
 
 
-def _render_timeline(plan: Plan, title: str, out: dict[str, Any]) -> None:
+def _start_render(plan: Plan, title: str) -> tuple[subprocess.Popen[bytes], tempfile.TemporaryDirectory[str]]:
+    folder = tempfile.TemporaryDirectory(prefix="titan_morph_tl")
+    source = Path(folder.name, "plan.pkl")
+    source.write_bytes(pickle.dumps((plan, title, 80)))
+    command = [sys.executable, "-m", "titan_morph.pipelining.render", str(source), str(source.with_suffix(".img"))]
+    with open(Path(folder.name, "stderr"), "wb") as err:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+    return proc, folder
+
+
+def _collect(proc: subprocess.Popen[bytes], folder: tempfile.TemporaryDirectory[str]) -> Any | None:
+    """The finished child's picture (None, with a warning, when it failed)."""
     try:
-        import tempfile
-
-        import matplotlib.image
-
-        from titan_morph.pipelining.export import timeline_png
-
-        with tempfile.TemporaryDirectory(prefix="titan_morph_tl") as tmp:
-            path = timeline_png(simulate(plan.model, plan.orders), f"{tmp}/plan.png", title, dpi=80)
-            out["img"] = matplotlib.image.imread(str(path))[..., :3]
-    except Exception as err:  # a picture must never break training
-        logger.warning("titan_morph: could not render the plan timeline: %s", err)
+        out = Path(folder.name, "plan.img")
+        if proc.returncode == 0 and out.exists():
+            return pickle.loads(out.read_bytes())
+        tail = Path(folder.name, "stderr").read_text(errors="replace").strip().splitlines()[-1:]
+        logger.warning("titan_morph: could not render the plan timeline: exit %s %s", proc.returncode, "".join(tail))
+        return None
+    finally:
+        folder.cleanup()
