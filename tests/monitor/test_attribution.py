@@ -138,3 +138,34 @@ def test_without_the_straggler_the_better_of_the_adapted_and_the_initial_plan_ru
     assert same == {"link2": full - healed_adapted}
     assert either == {"link2": full - min(healed_adapted, healed_initial)}
     assert healed_initial < healed_adapted  # the plan made for 65 ms has no slack left on links 0 and 1
+
+
+def test_two_stages_per_rank_take_their_baseline_per_stage_and_their_speed_per_rank() -> None:
+    ranks, n = 4, 8
+    base = CostModel.uniform(2 * ranks, n, 5.0, 5.0, 5.0, stages_per_rank=2)
+    plan = build("pipemorph-v", base)
+
+    def profile(rank: int, factor: float) -> StepProfile:
+        per_stage = {s: {k: (5.0 * factor * n, n) for k in "FIW"} for s in base.rank_stages(rank)}
+        total = {k: (5.0 * factor * 2 * n, 2 * n) for k in "FIW"}
+        return StepProfile(rank, 0, 0.0, 100.0, total, stage_compute=per_stage)
+
+    costs = StragglerCosts(2 * ranks, RULE, profile_steps=1, stages_per_rank=2)
+    for _ in range(2):
+        assert costs.observe(1, [profile(r, 1.0) for r in range(ranks)], _estimates({})) is None
+    assert costs.stage_times == ((5.0, 5.0, 5.0),) * (2 * ranks)
+    measured = costs.observe(3, [profile(r, 2.0 if r == 1 else 1.0) for r in range(ranks)], _estimates({}))
+    assert measured is not None and measured.speeds == (1.0, 0.5, 1.0, 1.0) and measured.off == ("rank1",)
+    att = costs.attribute(measured, plan.orders, n, depth=None)
+    slowed = CostModel.uniform(
+        2 * ranks,
+        n,
+        (5, 10, 5, 5, 5, 5, 10, 5),
+        (5, 10, 5, 5, 5, 5, 10, 5),
+        (5, 10, 5, 5, 5, 5, 10, 5),
+        stages_per_rank=2,
+    )
+    delays = (1.0, 1.0, 1.0)
+    full = makespan(slowed.with_delays(delays), plan.orders)
+    assert att is not None and att.makespan_ms == full
+    assert att.costs["rank1"] == full - makespan(base.with_delays(delays), plan.orders) > 0
