@@ -5,6 +5,7 @@ on 4 gloo ranks, the synthetic testbed, N = 8 per replica, the topology orchestr
   returns to even after the straggler's end, and the losses equal the undisturbed run's;
 * the undisturbed run never rebalances; a run started uneven (``replica_microbatches``) trains to
   the same losses; under ``partition = "auto"`` the replicas keep their layers, microbatches move;
+* (slow) a topology move and then a rebalance in one job, losses the undisturbed run's;
 * bad counts stop ``./run_train.sh`` before any rank: one line, exit 2.
 """
 
@@ -109,6 +110,25 @@ def test_partition_auto_re_plans_each_pipeline_and_moves_microbatches_not_layers
     for s in range(2):
         assert set(result.scalars(f"morph/partition/stage{s}").values()) == {2.0}
     assert "Training starts at step 1" in result.output and "Training starts at step 2" not in result.output
+    no_leftovers(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_topology_move_then_a_rebalance_in_one_job(undisturbed, tmp_path, no_leftovers):
+    """A slow DP pair (hosts 0-1) is moved onto a pipeline link first; host 1's device, twice as slow
+    from step 1, moves with its host (rank 1 -> rank 2: stage 1 of replica 0), and the relaunched
+    job moves microbatches away from replica 0. Losses: the undisturbed run's."""
+    pair = ("--morph.inject.rank_links", "0-1", "--morph.inject.delays_ms", "40")
+    slow_host = ("--morph.inject.compute_factor", "1,2,1,1", "--morph.inject.start_step", "1")
+    result = _run(tmp_path / "both", "--morph.inject.mode", "static", *pair, *slow_host)
+    out = result.output
+    assert "relaunching after step 2 with the host of each rank [0, 2, 1, 3]" in out, result.tail(80)
+    zeros = result.scalars(f"{SPLIT}0")
+    assert zeros[STEPS] < 8 and result.scalars(f"{SPLIT}1")[STEPS] == 16 - zeros[STEPS], zeros
+    assert "-> replica 0 runs" in out or "-> replica 1 runs" in out
+    got, ref = _losses(result), _losses(undisturbed)
+    for step, loss in ref.items():
+        assert got[step] == pytest.approx(loss, rel=1e-5), f"step {step}: {got[step]} vs undisturbed {loss}"
     no_leftovers(tmp_path)
 
 
