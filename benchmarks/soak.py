@@ -2,20 +2,24 @@
 
 One 4-rank ``torchrun`` job of ``train_configs/synthetic_cpu.toml`` (PP=4, F=B=W=10 ms) with
 ``--microbatches`` microbatches, every link delayed by N(30, 10) ms (``--mean-ms``, std a third of
-it) re-drawn every U(100, 200) ms
-(the paper's §7.2 dynamic stragglers), ``[morph] transport = "auto"`` and live adaptation on (so
-links move to the delegates and back and plans change, as in production).
+it) re-drawn every U(100, 200) ms (the paper's §7.2 dynamic stragglers), ``[morph] transport =
+"auto"`` and live adaptation on (so links move to the delegates and back and plans change, as in
+production).
 
 While it runs, every rank's resident set size is sampled (``/proc/<pid>/status``) and matched to
-the step the job had logged. Printed: per rank, RSS after ``--warmup`` steps, at the end, and the
-growth in between (total and per step); the slope of a least-squares line through the samples of
-the run's second half (KB per step, and that slope over the half in MB: a leak's rate, not the
-warm-up's step up); the seconds from the last step to the job's exit (the end-of-run summary and
-the close); plan changes, failovers and delegated links; step time p50 / p99 after warm-up
-(TorchTitan's ``time_metrics/end_to_end(s)``). The last line is JSON with at least
-``rss_growth_mb`` (the largest growth over the ranks), ``second_half_mb`` and ``exit_s``.
+the step the job had logged. Printed, per rank: the median RSS over the ``--window`` steps after
+``--warmup`` and over the last ``--window`` steps, and the growth in between (total and per step;
+a median over tens of steps reads a level, where one sample may catch a transient allocation); the
+slope of a least-squares line through the samples of the run's second half (KB per step, and that
+slope over the half in MB: a leak's rate, not the warm-up's step up). Then the seconds from the
+last step to the job's exit (the end-of-run summary and the close), plan changes, failovers and
+delegated links, step time p50 / p99 after warm-up (TorchTitan's ``time_metrics/end_to_end(s)``).
+The last line is JSON with at least ``rss_growth_mb`` (the largest growth over the ranks),
+``second_half_mb`` and ``exit_s``; ``--samples`` writes every sample (RSS split into anonymous,
+file and shared memory) to a CSV.
 
-    .venv/bin/python benchmarks/soak.py --steps 400 [--warmup 50] [--microbatches 8]
+    .venv/bin/python benchmarks/soak.py --steps 1000 --warmup 200 [--window 50] [--samples rss.csv] \
+        [-- --comm.trace_buf_size 0]
 
 Not a test: figures depend on the host's load. The goal: every rank within 1 MB from step 200 to
 1000 with TorchTitan's flight recorder off (``-- --comm.trace_buf_size 0``), 2 MB with it on, and
@@ -127,12 +131,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transport", default="auto", choices=("default", "delegate", "auto"))
     parser.add_argument("--mean-ms", type=float, default=30.0, help="straggler delay mean (0: no stragglers)")
     parser.add_argument("--sample-s", type=float, default=0.25)
+    parser.add_argument(
+        "--window", type=int, default=50, help="steps whose RSS samples make one reading (their median)"
+    )
     parser.add_argument("--dump", type=Path, default=None, help="run folder (default: a temporary one)")
     parser.add_argument("--samples", type=Path, default=None, help="write every RSS sample (split) to this CSV")
     parser.add_argument("extra", nargs="*", help="more overrides after --, e.g. -- --comm.trace_buf_size 0")
     opts = parser.parse_args(argv)
-    if not 1 <= opts.warmup < opts.steps - 5:
-        parser.error(f"--warmup must be in 1..{opts.steps - 6} (steps {opts.steps})")
+    if not 1 <= opts.window <= opts.steps // 4:
+        parser.error(f"--window must be in 1..{opts.steps // 4} (a quarter of --steps {opts.steps})")
+    if not 1 <= opts.warmup <= opts.steps - 2 * opts.window:
+        parser.error(
+            f"--warmup must be in 1..{opts.steps - 2 * opts.window} (steps {opts.steps}, window {opts.window})"
+        )
     overrides = [
         "--training.local_batch_size",
         str(opts.microbatches),
@@ -172,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         tb = read_scalars(dump)
     if opts.samples is not None:
         write_samples(opts.samples, parts, seen)
-    window = 10  # steps whose samples make one reading
+    window = opts.window
     t_warm = (seen[opts.warmup], seen[opts.warmup + window])
     t_end = (seen[opts.steps - window], seen[opts.steps])
     half = max(opts.warmup, opts.steps // 2)
