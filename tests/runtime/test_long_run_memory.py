@@ -4,15 +4,17 @@ Two real gloo ranks run a tiny pipeline for hundreds of steps through the link e
 random stragglers (a time-keyed model whose windows the run crosses many times), with the per-step
 exchange and the monitor, as a production run does.
 Every rank's Python heap (``tracemalloc``) after the warm-up and at the end must be the same within
-a few bytes a step, and each bounded structure must sit within its cap (the summary's samples get a
+80 bytes a step, and each bounded structure must sit within its cap (the summary's samples get a
 small one, so that they are full before the measurement).
 
 The link model's own arrays are left out of the heap and checked by their count instead: a window
 of change points fills as the run crosses it and the next one replaces it, a sawtooth of ~12 KB a
-link that a two-point reading would catch at any phase. The warm-up: the heap rises over the first
-~200 steps (torch's and the interpreter's caches, the monitor's windows); measured over 1500 steps,
-the rest then moved by ~10 bytes a step at most (``python -m tests.runtime.test_long_run_memory
-STEPS EVERY`` prints it every EVERY steps).
+link that a two-point reading would catch at any phase. Measured (this heap, every 50 steps of
+700): rank 0 +9.9 KB at step 200 over step 50, +19.6 KB at 500, +22.8 KB at 700; rank 1 +11.3,
++15.9, +14.5 KB. What still grows on rank 0 (~35 then ~16 bytes a step) was traced to torch's
+``torch.tensor(list)`` in the per-step exchange and is not bounded here; the budget lets it pass
+and fails a window left unbounded (the monitor's stage times without ``maxlen``: +66.5 KB over
+the same 300 steps). ``python -m tests.runtime.test_long_run_memory STEPS EVERY`` prints the trace.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from tests.launch import run_ranks
 
 MICROBATCHES, BATCH, WIDTH = 4, 8, 8
 WARMUP, STEPS = 200, 500
-BUDGET = 6_000  # bytes of heap growth over STEPS - WARMUP steps (20 a step): a per-step leak exceeds it
+BUDGET = 24_000  # bytes of heap growth over STEPS - WARMUP steps (80 a step); measured 11.7 KB
 SAMPLE_CAP = 8
 
 
