@@ -350,6 +350,20 @@ class LocalHandle:
         return True
 
 
+def warms_up_own_rank(schedule: object, group: dist.ProcessGroup | None) -> bool:
+    """Whether torch's ``schedule`` sends its first-step warm-up dummy to this very rank over gloo,
+    which cannot carry it: torch 2.11 warms up through ``_batch_p2p`` (2.13+ votes instead,
+    ``_warmup_forward_vote``), and in a V two neighbour stages share a rank. Such a schedule's P2P
+    must go through a transport, which pairs those ops within the call (:func:`on_own_rank`)."""
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti
+    from torch.distributed.pipelining.stage import PipelineStage
+
+    if not isinstance(schedule, PipelineScheduleMulti) or hasattr(PipelineStage, "_warmup_forward_vote"):
+        return False
+    ranks = schedule.stage_index_to_group_rank
+    return dist.get_backend(group) == "gloo" and any(ranks.get(s) == ranks.get(s + 1) for s in ranks)
+
+
 def on_own_rank(ops: Sequence[dist.P2POp]) -> tuple[list[dist.P2POp], list[Handle]]:
     """Take the ops whose peer is this very rank out of ``ops``: torch 2.11's schedules warm P2P up
     before the first step with a dummy to each neighbour stage, and in a V a stage's neighbour runs on

@@ -30,7 +30,7 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from titan_morph.comm.clock import CommonClock, sync_clock
-from titan_morph.comm.transport import TorchTransport, Transport
+from titan_morph.comm.transport import TorchTransport, Transport, warms_up_own_rank
 from titan_morph.config import MorphSettings, Settings
 from titan_morph.config.links import break_window, configured_message_bytes, link_model, plan_transmit
 from titan_morph.integration.cpu import shared_gpu
@@ -472,7 +472,8 @@ def torch_builder(cls: type[_PipelineSchedule]) -> Callable[[ScheduleRequest], _
         )
         morph = req.settings.morph
         shared = shared_gpu() is not None  # Gloo carries no device memory: the transport must
-        if not (morph.routed or shared):
+        own = warms_up_own_rank(schedule, req.stage.group)  # torch 2.11's V over gloo
+        if not (morph.routed or shared or own):
             return schedule
         hop = _non_adjacent_hop(req, schedule)
         if hop is not None:
@@ -487,8 +488,7 @@ def torch_builder(cls: type[_PipelineSchedule]) -> Callable[[ScheduleRequest], _
                 " pipeline_parallel_degree = 2, a V schedule (ZBVZeroBubble, DualPipeV, PipeMorphV) or a"
                 " one-stage-per-rank schedule"
             )
-        transport = make_transport(req, sync_clock(req.stage.group))
-        assert transport is not None
+        transport = make_transport(req, clock := sync_clock(req.stage.group)) or TorchTransport(clock.epoch)
         inner, steps = schedule._step_microbatches, 0
 
         def step_microbatches(*args: Any, **kwargs: Any) -> Any:
