@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from titan_morph.comm.groups import cpu_group
+from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 
 __all__ = ["CommonClock", "sync_clock"]
 
@@ -78,16 +79,20 @@ def _offsets(group: dist.ProcessGroup, rounds: int, clock: Callable[[], float]) 
 
 
 def sync_clock(
-    group: dist.ProcessGroup | None = None, rounds: int = 8, clock: Callable[[], float] = time.monotonic
+    group: dist.ProcessGroup | None = None,
+    rounds: int = 8,
+    clock: Callable[[], float] = time.monotonic,
+    timeouts: CommTimeouts = DEFAULT_TIMEOUTS,
 ) -> CommonClock:
-    """Collective over ``group`` (on a gloo group over the same ranks when it is not gloo): every
-    rank returns the same offsets and its own ``epoch``, the same instant everywhere."""
+    """Collective over ``group`` (on a gloo group over the same ranks when it is not gloo, bounded
+    by ``timeouts``: the job's ``[comm]``): every rank returns the same offsets and its own
+    ``epoch``, the same instant everywhere."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     pipeline = group if group is not None else dist.group.WORLD
     if pipeline is None:
         raise RuntimeError("sync_clock needs torch.distributed to be initialized")
-    cpu = cpu_group(pipeline)
+    cpu = cpu_group(pipeline, timeouts=timeouts)
     offsets, rtts = _offsets(cpu, rounds, clock)
     dist.barrier(group=cpu)
     start = torch.tensor([clock()], dtype=torch.float64)

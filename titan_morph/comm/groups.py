@@ -6,6 +6,10 @@ is NCCL, which needs device tensors, so they run on a gloo group over the same r
 pipeline group and reused. With ``[morph] host_ifnames`` that group is bound to the host interface
 (a new group even when the pipeline group is gloo), so this control traffic never shares the data
 NIC with the pipeline's default path (paper §5: host-side traffic on its own NIC).
+
+A group made here waits as long as TorchTitan's ``[comm]`` timeouts allow (init_s when made,
+train_s once :func:`step_timeout` sees step 2), not torch's 30-minute default: TorchTitan shortens
+only its own groups.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["GROUP_LOCK", "check_interface", "cpu_group", "gloo_options", "interface_address"]
+from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
+
+__all__ = ["GROUP_LOCK", "check_interface", "cpu_group", "gloo_options", "interface_address", "step_timeout"]
 
 GROUP_LOCK = threading.Lock()
 """Held while this process makes a gloo group: one at a time, so a group made with a temporary
@@ -82,10 +88,12 @@ def _gloo_interface(interface: str) -> Iterator[None]:
                 os.environ[key] = saved
 
 
-def cpu_group(group: dist.ProcessGroup, interface: str = "") -> dist.ProcessGroup:
+def cpu_group(
+    group: dist.ProcessGroup, interface: str = "", timeouts: CommTimeouts = DEFAULT_TIMEOUTS
+) -> dist.ProcessGroup:
     """``group`` itself when it runs on gloo and no ``interface`` is asked, else a gloo group over
     the same ranks, bound to ``interface`` when one is given (members only; made on first use and
-    cached, so every caller on this rank shares it)."""
+    cached, so every caller on this rank shares it), its collectives bounded by ``timeouts.init_s``."""
     if not interface and dist.get_backend(group) == "gloo":
         return group
     key = (group.group_name, interface)
@@ -94,7 +102,17 @@ def cpu_group(group: dist.ProcessGroup, interface: str = "") -> dist.ProcessGrou
         if interface:
             check_interface(interface, "[morph] host_ifnames")
         ranks = dist.get_process_group_ranks(group)
+        timeout = timedelta(seconds=timeouts.init_s)
         with _gloo_interface(interface) if interface else contextlib.nullcontext():
-            made = dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True)
+            made = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout, use_local_synchronization=True)
         cached = _cpu_groups[key] = made
     return cached
+
+
+def step_timeout(group: dist.ProcessGroup, timeouts: CommTimeouts, step: int) -> None:
+    """Bound the collectives of ``group`` in TorchTitan step ``step`` (``timeouts.for_step``) when
+    :func:`cpu_group` made it; a caller's own group is TorchTitan's, which shortens it itself."""
+    if not any(group is made for made in _cpu_groups.values()):
+        return
+    # torch's private setter, the one TorchTitan's set_pg_timeouts calls on its own groups
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeouts.for_step(step)), group)

@@ -488,7 +488,8 @@ def torch_builder(cls: type[_PipelineSchedule]) -> Callable[[ScheduleRequest], _
                 " pipeline_parallel_degree = 2, a V schedule (ZBVZeroBubble, DualPipeV, PipeMorphV) or a"
                 " one-stage-per-rank schedule"
             )
-        transport = make_transport(req, clock := sync_clock(req.stage.group)) or TorchTransport(clock.epoch)
+        clock = sync_clock(req.stage.group, timeouts=req.settings.timeouts)
+        transport = make_transport(req, clock) or TorchTransport(clock.epoch)
         inner, steps = schedule._step_microbatches, 0
 
         def step_microbatches(*args: Any, **kwargs: Any) -> Any:
@@ -522,19 +523,18 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
     """A builder of titan_morph's ``family`` plan (``builders.build`` name) in :class:`MorphSchedule`."""
 
     def build_schedule(req: ScheduleRequest) -> _PipelineSchedule:
-        morph = req.settings.morph
-        stages = req.stage.num_stages
-        transmit = plan_transmit(morph, req.links()) if req.stage.group_size > 1 else None
+        morph, timeouts = req.settings.morph, req.settings.timeouts  # timeouts: of the CPU groups made here
+        stages, multi = req.stage.num_stages, req.stage.group_size > 1
+        transmit = plan_transmit(morph, req.links()) if multi else None
         replicas = replica_split(req.settings, req.parallel_dims)  # DP x PP: microbatches per replica
         n, most = (replicas.mine, req.settings.replica_capacity) if replicas else (req.n_microbatches,) * 2
         plan = initial_plan(family, morph, stages, n, transmit=transmit)
         device_clock = prepare_stage(req)
-        multi = req.stage.group_size > 1
         transport = monitor = None
         exchange: StepExchange | None = None
         if multi:
             hybrid = isinstance(req.parallel_dims, HybridParallelDims)
-            clock = sync_clock(None if hybrid else req.stage.group)  # DP x PP: one clock for the world
+            clock = sync_clock(None if hybrid else req.stage.group, timeouts=timeouts)  # DP x PP: the world's
             transport = make_transport(req, clock, monitored=morph.monitor) or TorchTransport(clock.epoch)
             group, per_rank = _group_of(req.stage), plan.model.stages_per_rank
             if morph.monitor:
@@ -542,8 +542,8 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
                 cost = pipeline_cost(family, morph, plan)
                 epoch, dims = clock.epoch, req.parallel_dims
                 exchange = make_exchange(req.settings, group, most, epoch, dims, cost, per_rank, replicas)
-            if exchange is None and morph.host_interfaces:  # the per-step exchange on the host NIC
-                exchange = StepExchange(group, most, per_rank, morph.host_interfaces[0])
+            if exchange is None:  # the per-step exchange (on the host NIC when one is set)
+                exchange = StepExchange(group, most, per_rank, next(iter(morph.host_interfaces), ""), timeouts)
             if monitor is not None and hybrid:  # slow pairs the orchestrator moved onto this pipeline
                 known = known_link_delays(group)
                 why = "known before the first step (the orchestrator moved a slow pair onto it)"

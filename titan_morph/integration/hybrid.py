@@ -182,7 +182,7 @@ def replica_split(settings: Settings, parallel_dims: ParallelDims | None) -> Rep
     if dp is None or dp.size() != settings.dp_degree:  # replicated DP (HSDP) is not split here
         return None
     interface = morph.host_interfaces[0] if morph.host_interfaces else ""
-    group = cpu_group(dp.get_group(), interface)
+    group = cpu_group(dp.get_group(), interface, settings.timeouts)
     counts = settings.replica_counts
     rebalancer = None
     if moving:
@@ -219,6 +219,7 @@ def make_exchange(
         stages_per_rank=stages_per_rank,
         interface=morph.host_interfaces[0] if morph.host_interfaces else "",
         replicas=replicas,
+        timeouts=settings.timeouts,
     )
 
 

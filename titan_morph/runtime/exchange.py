@@ -9,7 +9,9 @@ step, on the pipeline's common clock, and uses it for three things:
 * the monitor's detection and re-planning (the same data on every rank gives the same decision);
 * the TensorBoard figures that need all stages (pipeline time, per-stage idle time, latencies).
 
-The collective is bounded by the pipeline group's own timeout (TorchTitan's ``[comm]`` timeouts).
+The collective is bounded by TorchTitan's ``[comm]`` timeouts: on the pipeline group itself
+(TorchTitan shortens it), or on the CPU group made for it, which starts with ``init_timeout_seconds``
+and is shortened to ``train_timeout_seconds`` from step 2 on, as TorchTitan does with its own.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from titan_morph.comm.groups import cpu_group
+from titan_morph.comm.groups import cpu_group, step_timeout
+from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 from titan_morph.monitor.profile import MessageStamp, StepProfile, decode, encode, row_width
 from titan_morph.runtime.records import StepRecord
 
@@ -90,12 +93,21 @@ def step_profile(record: StepRecord, stage: int, epoch: float) -> StepProfile:
 
 class StepExchange:
     """All-gathers one :class:`StepProfile` row per rank of ``group`` (on a CPU group, bound to
-    ``interface`` when one is given: ``[morph] host_ifnames``); each rank runs ``stages_per_rank`` stages."""
+    ``interface`` when one is given: ``[morph] host_ifnames``); each rank runs ``stages_per_rank`` stages.
+    ``timeouts``: the job's ``[comm]`` timeouts, which bound a CPU group made here."""
 
     def __init__(
-        self, group: dist.ProcessGroup, microbatches: int, stages_per_rank: int = 1, interface: str = ""
+        self,
+        group: dist.ProcessGroup,
+        microbatches: int,
+        stages_per_rank: int = 1,
+        interface: str = "",
+        timeouts: CommTimeouts = DEFAULT_TIMEOUTS,
     ) -> None:
-        self.group = cpu_group(group, interface)
+        self.group = cpu_group(group, interface, timeouts)
+        self.timeouts = timeouts
+        self.groups = [self.group]  # the groups whose timeout follows the step (:meth:`enter_step`)
+        self._training = False
         self.microbatches = microbatches
         self.stages_per_rank = stages_per_rank
         self.width = row_width(microbatches, stages_per_rank)
@@ -121,10 +133,19 @@ class StepExchange:
 
     def all_gather(self, row: list[float], step: int) -> list[list[float]]:
         """The collective itself: every stage's row (``step``: the 0-based step they describe)."""
+        self.enter_step(step)
         mine = torch.tensor(row, dtype=torch.float64)
         rows = [torch.empty(self.width, dtype=torch.float64) for _ in range(self.size)]
         dist.all_gather(rows, mine, group=self.group)
         return [r.tolist() for r in rows]
+
+    def enter_step(self, step: int) -> None:
+        """Once past TorchTitan's step 1 (``step``: 0-based), bound :attr:`groups` by ``train_s``."""
+        if self._training or step < 1:
+            return
+        self._training = True
+        for group in self.groups:
+            step_timeout(group, self.timeouts, step + 1)
 
     def agree_max(self, value: float) -> float:
         """Collective: the largest of every rank's ``value`` (one number every rank then decides on,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,7 @@ import torch.distributed as dist
 from titan_morph.comm.emulator import collectives
 from titan_morph.comm.emulator.collectives import CollectiveRecord
 from titan_morph.comm.groups import cpu_group
+from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 from titan_morph.monitor.compute import op_time_ms
 from titan_morph.monitor.profile import decode
 from titan_morph.monitor.topology import (
@@ -75,6 +77,8 @@ class HybridExchange(StepExchange):
         interface: the network interface of the exchange's gloo groups ("" = torch's choice).
         replicas: this replica's share of the global batch, whose rebalancer every rank's op time
             feeds after each step (None: the split stays even).
+        timeouts: the job's ``[comm]`` timeouts: they bound the gloo groups made here (and the
+            replicas' group, switched with them) and the probes.
     """
 
     def __init__(
@@ -90,13 +94,17 @@ class HybridExchange(StepExchange):
         stages_per_rank: int = 1,
         interface: str = "",
         replicas: ReplicaSplit | None = None,
+        timeouts: CommTimeouts = DEFAULT_TIMEOUTS,
     ) -> None:
-        super().__init__(pipeline_group, microbatches, stages_per_rank, interface)
+        super().__init__(pipeline_group, microbatches, stages_per_rank, interface, timeouts)
         self.replicas = replicas
         world = dist.group.WORLD
         if world is None:  # torch types WORLD as optional: it is None before init_process_group
             raise RuntimeError("HybridExchange: torch.distributed has no default process group")
-        self.world = cpu_group(world, interface)
+        self.world = cpu_group(world, interface, timeouts)
+        self.groups.append(self.world)
+        if replicas is not None and replicas.group is not None:
+            self.groups.append(replicas.group)
         self.world_size = dist.get_world_size(self.world)
         self.pipeline_ranks = dist.get_process_group_ranks(pipeline_group)
         self.topology = topology
@@ -123,6 +131,7 @@ class HybridExchange(StepExchange):
     def all_gather(self, row: list[float], step: int) -> list[list[float]]:
         """Gather ``row`` + this rank's DP stamps over the world; return this pipeline's rows and
         feed the topology monitor every rank's stamps."""
+        self.enter_step(step)
         stamps = stamps_of(collectives.take_records(), self.epoch)
         width = len(row)
         mine = torch.tensor(row + encode_stamps(stamps, self.capacity), dtype=torch.float64)
@@ -133,10 +142,10 @@ class HybridExchange(StepExchange):
         self.topology.observe(step + 1, [s for s, _ in decoded], dropped=sum(d for _, d in decoded))
         if self.replicas is not None:
             self.replicas.observe(step + 1, [op_time_ms(decode(v[:width], self.stages_per_rank)) for v in values])
-        self._probe()
+        self._probe(step)
         return [values[r][:width] for r in self.pipeline_ranks]
 
-    def _probe(self) -> None:
+    def _probe(self, step: int) -> None:
         """Members of a slow DP group of more than two ranks time one message over each ring pair."""
         group = self.dp_group
         if group is None:
@@ -152,8 +161,9 @@ class HybridExchange(StepExchange):
             dist.isend(out, group=group, group_dst=(me + 1) % n, tag=PROBE_TAG),
             dist.irecv(into, group=group, group_src=(me - 1) % n, tag=PROBE_TAG),
         ]
+        bound = timedelta(seconds=self.timeouts.for_step(step + 1))
         for work in works:
             if work is not None:  # None only on a rank outside ``group``, which this one is not
-                work.wait()
+                work.wait(bound)
         self.probes += 1
         logger.debug("titan_morph: probed DP ring %s in %.1f ms", ranks, (time.monotonic() - t0) * 1e3)
