@@ -330,7 +330,10 @@ def test_compare_two_variants_end_to_end(tmp_path) -> None:
         cells = [c.strip() for c in rows[name].strip("|").split("|")]
         step_ms, tps, pipeline_ms, simulated_ms, bound = (float(c) for c in cells[1:6])
         assert all(math.isfinite(v) and v > 0 for v in (step_ms, tps, pipeline_ms, simulated_ms)), rows[name]
-        assert bound == 810.0, rows[name]  # 30 ms of forwards and 60 ms to the last rank, then 24 x 30 ms
+        # 30 ms of forwards and 60 ms to the last rank, then 24 x 30 ms; a plan re-made during the run (its
+        # model holds the measured stage times, at least the nominal 30 ms) can only raise it
+        changes = cells[-2]
+        assert bound == 810.0 if changes in ("0", "—") else bound >= 810.0, rows[name]
         assert re.fullmatch(r"\d+\.\d\d×", cells[6]), rows[name]
         assert cells[-1] == "ok"
     assert (scenario_dir / "step_time.png").stat().st_size > 10_000

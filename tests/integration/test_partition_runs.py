@@ -69,16 +69,19 @@ def test_synthetic_straggler_is_detected_replanned_and_moved(tmp_path, no_leftov
     seen = re.search(r"step (\d+): rank 3 slow: op time", out)
     assert seen is not None and int(seen.group(1)) in (5, 6), result.tail(60)
     step = int(seen.group(1))
-    assert out.count("titan_morph.launch: relaunching") == 1
-    moved = re.search(rf"relaunching after step {step} with layers per stage \[([\d, ]+)\]", out)
-    assert moved is not None, result.tail(60)
-    chosen = [int(n) for n in moved.group(1).split(",")]
-    assert sum(chosen) == 16 and chosen[3] < 4 and min(chosen[:3]) >= 4, chosen
-    assert f"layers per stage {chosen} would plan" in out
+    moves = re.findall(r"relaunching after step (\d+) with layers per stage \[([\d, ]+)\]", out)
+    assert out.count("titan_morph.launch: relaunching") == len(moves) >= 1, result.tail(60)
+    # the first move at the detection; with repartition_after = 0 a re-read speed after it (the relaunched
+    # ranks' first steps, on a loaded host) may move again: every split keeps layers off rank 3
+    splits = [[int(n) for n in layers.split(",")] for _, layers in moves]
+    assert int(moves[0][0]) == step, moves
+    for chosen in splits:
+        assert sum(chosen) == 16 and chosen[3] < 4 and min(chosen[:3]) >= 4, splits
+        assert f"layers per stage {chosen} would plan" in out
     assert f"Training starts at step {step + 1}" in out and "from before the relaunch" in out
     split = {s: result.scalars(f"morph/partition/stage{s}") for s in range(4)}
-    assert [split[s][step] for s in range(4)] == [4.0] * 4 and [split[s][8] for s in range(4)] == chosen
-    assert result.scalars("morph/repartitions")[8] == 1.0 and result.scalars("morph/slow_rank/rank3")[8] == 1.0
+    assert [split[s][step] for s in range(4)] == [4.0] * 4 and [split[s][8] for s in range(4)] == splits[-1]
+    assert result.scalars("morph/repartitions")[8] == len(moves) and result.scalars("morph/slow_rank/rank3")[8] == 1.0
     assert sorted(result.losses()) == list(range(1, 9))
     no_leftovers(tmp_path)
 

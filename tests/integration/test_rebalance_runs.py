@@ -74,12 +74,15 @@ def test_undisturbed_run_never_rebalances(undisturbed, no_leftovers):
 def test_slow_rank_moves_microbatches_and_back_with_the_undisturbed_losses(undisturbed, tmp_path, no_leftovers):
     result = _run(tmp_path / "slow", *SLOW)
     ones, zeros = result.scalars(f"{SPLIT}1"), result.scalars(f"{SPLIT}0")
-    # the split after each step (the next step runs it): uneven while rank 3 is slow, even after it
+    # the split after each step (the next step runs it): uneven from the detection (2 slow steps from
+    # step 4: step 5 at the earliest) until 2 steps after the straggler's end read healthy (step 10 on a
+    # quiet host, later when the host's load hides one), even again before the run ends
     uneven = [s for s in sorted(ones) if ones[s] < 8]
-    assert uneven and min(uneven) >= 5 and max(uneven) <= 10, ones
+    assert uneven and min(uneven) >= 5 and 8 <= max(uneven) < STEPS, ones
+    assert uneven == list(range(min(uneven), max(uneven) + 1)), ones  # one move away, one move back
     assert all(ones[s] + zeros[s] == 16 for s in ones), (zeros, ones)
     assert min(ones.values()) <= 6 and ones[STEPS] == 8.0 and zeros[STEPS] == 8.0, ones
-    assert max(result.scalars("morph/rebalances").values()) == 2.0
+    assert max(result.scalars("morph/rebalances").values()) >= 2.0  # away and back (a re-read speed may add one)
     out = result.output
     assert "microbatches per replica [8, 8] -> [" in out and "-> [8, 8] (global batch 16 unchanged" in out, result.tail(
         80
