@@ -60,7 +60,7 @@ def _run(ranks: int, folder: Path, *args: str) -> dict[int, float]:
 
 
 CASES = [
-    pytest.param(2, False, id="pp2"),
+    pytest.param(2, False, id="pp2", marks=pytest.mark.slow),
     pytest.param(4, False, id="pp4", marks=pytest.mark.slow),
     pytest.param(4, True, id="pp4-delay", marks=pytest.mark.slow),
 ]

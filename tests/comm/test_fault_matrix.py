@@ -5,8 +5,8 @@ gets one fault after step 3; the cell passes when the job does what the matrix e
 with the losses of the same job without the fault, or stops within the timeout + 30 s with an
 error naming the process and link) and leaves no process or shared-memory segment behind.
 
-One cell runs by default (a send delegate killed under ``delegate``: the job must stop with one
-error naming it, and leave nothing behind); the rest are ``slow``. ``benchmarks/fault_matrix.py``
+Every cell is ``slow`` (the default run kills delegates and ranks in
+``tests/comm/test_delegate_lifecycle.py`` and ``test_delegate_faults.py``). ``benchmarks/fault_matrix.py``
 runs them all and writes ``docs/reliability.md``.
 """
 
@@ -17,8 +17,6 @@ from pathlib import Path
 import pytest
 
 from benchmarks.fault_matrix import Cell, cells, reference, run_cell
-
-DEFAULT = {Cell("send delegate", "SIGKILL", "delegate")}
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +33,8 @@ def references(tmp_path_factory) -> dict:
     return get  # type: ignore[return-value]
 
 
-def _params():
-    for cell in cells():
-        marks = () if cell in DEFAULT else (pytest.mark.slow,)
-        yield pytest.param(cell, id=cell.name, marks=marks)
-
-
-@pytest.mark.parametrize("cell", list(_params()))
+@pytest.mark.slow  # a real job per cell; the default run kills delegates in tests/comm/test_delegate_lifecycle.py
+@pytest.mark.parametrize("cell", [pytest.param(cell, id=cell.name) for cell in cells()])
 def test_fault_matrix_cell(cell: Cell, references, tmp_path) -> None:
     result = run_cell(cell, references(cell.transport), tmp_path)
     assert result.passed, f"{cell.name}: {result.why}\n{result}"

@@ -41,10 +41,13 @@ def test_detect_replan_delegate_and_recover(tmp_path, no_leftovers):
     all_steps = list(range(1, steps + 1))
     delay = run.scalars("morph/delay_ms/link2")
     assert sorted(delay) == all_steps, delay
-    assert all(delay[s] < 15 for s in (1, 2)), delay  # healthy link: gloo latency only (loaded 2-core host)
-    assert all(55 <= delay[s] <= 75 for s in (3, 4)), delay  # measured, not read from the emulator
+    # measured, not read from the emulator: a healthy link reads gloo's latency and the host's load (well
+    # under the 60 ms injected), the slow one the injected delay and that; links 0 and 1 are never slow
+    assert all(delay[s] < 40 for s in (1, 2)), delay
+    assert all(55 <= delay[s] <= 80 for s in (3, 4)), delay
     for link in (0, 1):
-        assert max(run.scalars(f"morph/delay_ms/link{link}").values()) < 15
+        assert max(run.scalars(f"morph/delay_ms/link{link}").values()) < 40
+        assert set(run.scalars(f"morph/straggling/link{link}").values()) == {0.0}
 
     slow = run.scalars("morph/straggling/link2")
     assert [slow[s] for s in all_steps][:4] == [0, 0, 0, 1], slow  # decided after step 4 (k = 2)

@@ -357,6 +357,7 @@ def test_compare_two_variants_end_to_end(tmp_path) -> None:
     _assert_nothing_left(logdir, run_dirs, shm_before)
 
 
+@pytest.mark.slow
 def test_compare_reports_a_failing_variant_and_goes_on(tmp_path) -> None:
     """1F1B on the default transport cannot cross a link that is down: reported, not fatal."""
     logdir = tmp_path / "logs"

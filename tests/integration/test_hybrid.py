@@ -86,6 +86,7 @@ def test_dp_x_pp_losses_equal_pp_only_on_the_same_global_batch(seed, undisturbed
     no_leftovers(tmp_path)
 
 
+@pytest.mark.slow
 def test_slow_dp_pair_is_moved_and_losses_equal_the_undisturbed_run(seed, undisturbed, tmp_path, no_leftovers):
     slow = (
         "--morph.inject.mode",

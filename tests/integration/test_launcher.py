@@ -110,20 +110,68 @@ BAD_LAUNCHER_VARIABLES = {
 }
 
 
-@pytest.mark.parametrize("case", [*BAD_INPUTS, *BAD_LAUNCHER_VARIABLES])
-def test_bad_input_is_one_line_and_exit_2_before_any_rank(case, tmp_path):
-    variables: dict[str, str] = {}
+# end to end through ./run_train.sh (each ~13 s, most of it importing TorchTitan): one case of each
+# kind in the default run, every case under ``slow``; every case runs in process below
+END_TO_END = ("toml-syntax", "steps-0", "ngpu-3")
+
+
+def _bad_case(case: str, tmp_path: Path) -> tuple[Path, list[str], dict[str, str], str]:
+    """The config, overrides, launcher variables and expected message of a bad-input case."""
     if case in BAD_LAUNCHER_VARIABLES:
-        (variables, expected), spec = BAD_LAUNCHER_VARIABLES[case], []
-    else:
-        spec, expected = BAD_INPUTS[case]
-    dump = tmp_path / "run"
-    config = DEFAULT_CONFIG
-    args: list[str] = []
+        variables, expected = BAD_LAUNCHER_VARIABLES[case]
+        return DEFAULT_CONFIG, [], variables, expected
+    spec, expected = BAD_INPUTS[case]
     if isinstance(spec, str):  # a TOML file with this [morph] section
-        config = _with_morph(tmp_path, spec)
-    else:
-        args = [a.replace("{trace}", str(_bad_trace(tmp_path))) for a in spec]
+        return _with_morph(tmp_path, spec), [], {}, expected
+    return DEFAULT_CONFIG, [a.replace("{trace}", str(_bad_trace(tmp_path))) for a in spec], {}, expected
+
+
+def _check_line(case: str, config: Path, line: str, expected: str) -> None:
+    assert expected in line, line
+    if case == "toml-syntax":
+        at = config.read_text().splitlines().index("transport = auto") + 1
+        assert line.startswith(f"error: {config}:{at}:13: invalid TOML"), line
+    if case == "short-trace-row":
+        assert "line 3 has 2 fields, the header has 3" in line
+    if case == "delay-1e6":
+        assert "train_timeout_seconds" in line
+
+
+@pytest.mark.parametrize("case", [*BAD_INPUTS, *BAD_LAUNCHER_VARIABLES])
+def test_the_launchers_check_refuses_bad_input_in_one_line(case, tmp_path, monkeypatch, capsys):
+    """The check ``./run_train.sh`` runs (``python -m titan_morph.launch run``), in this process:
+    exit code 2 and one line, and torchrun is never reached."""
+    from titan_morph.integration.titan022 import launcher
+
+    config, args, variables, expected = _bad_case(case, tmp_path)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+
+    def no_rank(*_: object, **__: object) -> int:
+        raise AssertionError(f"{case}: the launcher went on to start torchrun")
+
+    monkeypatch.setattr(launcher, "exec_torchrun", no_rank)
+    options = [
+        o
+        for name, flag in (("NGPU", "--nproc"), ("LOG_RANK", "--log-rank"))
+        if name in variables
+        for o in (flag, variables[name])
+    ]
+    dump = tmp_path / "run"
+    code = launcher.main(["run", *options, str(config), *args, "--job.dump_folder", str(dump)])
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, lines)
+    _check_line(case, config, lines[0], expected)
+    assert not dump.exists()
+
+
+@pytest.mark.parametrize(
+    "case",
+    [c if c in END_TO_END else pytest.param(c, marks=pytest.mark.slow) for c in [*BAD_INPUTS, *BAD_LAUNCHER_VARIABLES]],
+)
+def test_bad_input_is_one_line_and_exit_2_before_any_rank(case, tmp_path):
+    config, args, variables, expected = _bad_case(case, tmp_path)
+    dump = tmp_path / "run"
     start = time.monotonic()
     result = subprocess.run(
         [str(REPO / "run_train.sh"), *args, "--job.dump_folder", str(dump)],
@@ -137,14 +185,7 @@ def test_bad_input_is_one_line_and_exit_2_before_any_rank(case, tmp_path):
     lines = [line for line in result.stderr.splitlines() if not line.startswith("[setup]")]
     assert result.returncode == 2, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert expected in lines[0], lines[0]
-    if case == "toml-syntax":
-        line = config.read_text().splitlines().index("transport = auto") + 1
-        assert lines[0].startswith(f"error: {config}:{line}:13: invalid TOML"), lines[0]
-    if case == "short-trace-row":
-        assert "line 3 has 2 fields, the header has 3" in lines[0]
-    if case == "delay-1e6":
-        assert "train_timeout_seconds" in lines[0]
+    _check_line(case, config, lines[0], expected)
     assert result.stdout == "" and "torch.distributed.run" not in result.stderr and "rank" not in result.stdout
     assert not dump.exists(), "no rank may have started"
     print(f"{case}: exit 2 after {seconds:.1f} s: {lines[0]}")
@@ -229,6 +270,7 @@ class _Run:
         assert not stale, f"shared-memory segments left behind: {sorted(stale)}"
 
 
+@pytest.mark.slow
 def test_finished_run_with_delegates_leaves_nothing(tmp_path):
     run = _Run(tmp_path, "--training.steps", "3", "--morph.transport", "delegate")
     assert run.wait() == 0, run.output()[-4000:]
@@ -236,6 +278,7 @@ def test_finished_run_with_delegates_leaves_nothing(tmp_path):
     run.assert_nothing_left()
 
 
+@pytest.mark.slow
 def test_failed_run_leaves_nothing(tmp_path):
     """A link goes down at step 2 on the default transport: the ranks fail, torchrun reports it."""
     down = ("--morph.inject.mode", "static", "--morph.inject.delays_ms", "0,inf,0", "--morph.inject.start_step", "2")

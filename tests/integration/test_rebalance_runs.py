@@ -21,7 +21,7 @@ from tests.launch import REPO, RunResult, launch
 from titan_morph.integration.supervisor import torchrun_command
 
 CONFIG = REPO / "train_configs" / "hybrid_cpu.toml"
-STEPS = 12
+STEPS = 16  # the return needs 2 steps read healthy after step 8: room for a loaded host
 BASE = (
     "--training.local_batch_size",
     "8",
@@ -76,7 +76,7 @@ def test_slow_rank_moves_microbatches_and_back_with_the_undisturbed_losses(undis
     ones, zeros = result.scalars(f"{SPLIT}1"), result.scalars(f"{SPLIT}0")
     # the split after each step (the next step runs it): uneven from the detection (2 slow steps from
     # step 4: step 5 at the earliest) until 2 steps after the straggler's end read healthy (step 10 on a
-    # quiet host, later when the host's load hides one), even again before the run ends
+    # quiet host, later when the host's load hides some), even again before the run ends
     uneven = [s for s in sorted(ones) if ones[s] < 8]
     assert uneven and min(uneven) >= 5 and 8 <= max(uneven) < STEPS, ones
     assert uneven == list(range(min(uneven), max(uneven) + 1)), ones  # one move away, one move back
@@ -94,6 +94,7 @@ def test_slow_rank_moves_microbatches_and_back_with_the_undisturbed_losses(undis
     no_leftovers(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_run_started_uneven_trains_to_the_same_losses(undisturbed, tmp_path, no_leftovers):
     fixed = ("--morph.replica_microbatches", "3,13", "--morph.rebalance_microbatches", "false")
     result = _run(tmp_path / "fixed", *fixed)

@@ -74,7 +74,10 @@ def test_losses_equal_stock_1f1b(ranks, schedule, delayed, tmp_path, tmp_path_fa
 
 @pytest.mark.parametrize(
     "ranks, delayed",
-    [pytest.param(4, True, id="pp4-delay"), pytest.param(2, False, id="pp2-nodelay", marks=pytest.mark.slow)],
+    [
+        pytest.param(4, True, id="pp4-delay", marks=pytest.mark.slow),
+        pytest.param(2, False, id="pp2-nodelay", marks=pytest.mark.slow),
+    ],
 )
 def test_losses_equal_stock_1f1b_across_set_plan(ranks, delayed, tmp_path, tmp_path_factory, no_leftovers):
     """ZB-H1's plan for steps 1-2, then (set_plan between steps, all ranks) a PipeMorph plan."""

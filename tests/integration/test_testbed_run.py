@@ -34,6 +34,7 @@ def _run(tmp_path, schedule: str, *extra: str):
     return result
 
 
+@pytest.mark.slow
 def test_testbed_records_and_losses_zbh2_vs_pipemorph(tmp_path, no_leftovers):
     zbh2 = _run(tmp_path, "ZBH2")
     steps = list(range(1, STEPS + 1))

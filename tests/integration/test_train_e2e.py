@@ -45,7 +45,8 @@ def test_run_train_sh_default_config(tmp_path, no_leftovers):
     no_leftovers(dump)
 
 
-@pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 ranks: also in test_schedule_losses
+@pytest.mark.slow  # the default run compares losses with torch's 1F1B in test_schedule_losses
+@pytest.mark.parametrize("ranks", [2, 4])
 def test_losses_equal_stock_llama3_pipelining(tmp_path, ranks, no_leftovers):
     """llama3_morph (one stage per rank, our pipelining_fn) == TorchTitan's llama3 path, same 1F1B/seed/data."""
     common = ("--training.steps", "3", "--parallelism.pipeline_parallel_schedule", "1F1B")
@@ -76,6 +77,7 @@ def test_losses_equal_stock_other_schedules(tmp_path, schedule):
     assert ours.losses() == pytest.approx(stock.losses(), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_bad_morph_value_fails_fast_end_to_end(tmp_path, no_leftovers):
     """A bad [morph] value stops every rank before training, with the key and allowed values."""
     result = torchrun(2, tmp_path / "bad", "--morph.inject.mode", "sometimes", timeout_s=120)

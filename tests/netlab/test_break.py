@@ -111,6 +111,7 @@ def _nothing_left(dump: Path, before: set[str], no_leftovers: Callable[[Path], N
     assert not stale
 
 
+@pytest.mark.slow
 @pytest.mark.netlab
 def test_a_data_path_broken_at_step_3_fails_over_with_the_losses_of_an_undisturbed_run(
     namespaces_ok: None, tmp_path: Path, no_leftovers: Callable[[Path], None], one_node_losses: list[float]

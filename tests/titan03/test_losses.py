@@ -42,7 +42,7 @@ def _assert_close(got: dict[int, float], ref: dict[int, float], rel: float, what
 
 @pytest.mark.parametrize(
     ("schedule", "transport"),
-    [("PipeMorph", "default"), ("PipeMorph", "delegate"), ("ZBH2", "default")],
+    [("PipeMorph", "default"), ("PipeMorph", "delegate"), pytest.param("ZBH2", "default", marks=pytest.mark.slow)],
 )
 def test_single_stage_schedules_match_1f1b(
     tmp_path_factory: pytest.TempPathFactory, schedule: str, transport: str
@@ -58,12 +58,14 @@ def test_the_delegated_transport_changes_no_loss(tmp_path_factory: pytest.TempPa
     _assert_close(delegated, default, SAME_REL, "PipeMorph delegate vs default")
 
 
+@pytest.mark.slow
 def test_pipemorph_v_matches_zbv(tmp_path_factory: pytest.TempPathFactory) -> None:
     ref = _losses(tmp_path_factory, *_schedule("ZBVZeroBubble", "--morph.transport", "default"))
     got = _losses(tmp_path_factory, *_schedule("PipeMorphV", "--morph.transport", "default"))
     _assert_close(got, ref, SPLIT_REL, "PipeMorphV vs ZBVZeroBubble")
 
 
+@pytest.mark.slow
 def test_morph_1f1b_equals_1f1b_exactly(tmp_path_factory: pytest.TempPathFactory) -> None:
     """titan_morph's runtime without a split backward reproduces torch's 1F1B bit for bit (log precision)."""
     ref = _losses(tmp_path_factory, *_schedule("1F1B", "--morph.transport", "default"))
