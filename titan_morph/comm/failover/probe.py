@@ -5,8 +5,12 @@ After the default path of a link failed, a prober thread makes a fresh 2-rank gr
 direction on NCCL) and exchanges a tensor on it every ``probe_interval_s``, on the same group while
 the probes succeed, so a recovering link makes one communicator, not one per probe (both ranks;
 each probe's result agreed through the store). After ``recover_probes`` good probes in a row the
-link moves back at a step boundary both ranks name in advance: the lower rank posts step + 2 (ranks
-are within one step of each other, because every step ends with a collective). A default path under
+link moves back at a step boundary both ranks name in advance. Each prober posts that it is ready
+(its group kept); the lower rank, at a step boundary once both are, posts that step + 2: the upper
+rank cannot have finished the next step yet (it needs the lower rank's data of it), so it reads the
+step in time and, being ready already, moves at the same boundary. Named by a thread the moment the
+probes agreed, the step could pass before the other rank's prober (descheduled on a loaded host) had
+kept its group, and the two ends would move one step apart. A default path under
 the link emulator is not probed (its ``inf`` is the model's, not a real failure).
 
 Before a new group is made, the two probers shake hands over plain TCP between the addresses the
@@ -100,8 +104,7 @@ class Prober:
                 with router.lock:
                     if router.gen[link] == gen:
                         self._ready[link] = (attempt, kept)
-                if link == router.stage:  # the lower rank names the step both move back at
-                    router.store.set(f"{router.ns}/back/{link}/{gen}", f"{router.step + 2}:{attempt}")
+                router.store.set(f"{router.ns}/ready/{link}/{gen}/{attempt}/{router.stage}", "1")
                 logger.warning(
                     "titan_morph: link %d: default path good again (%d probes in a row); moving back",
                     link,
@@ -148,6 +151,10 @@ class Prober:
             gen = router.gen[link]
             key = f"{router.ns}/back/{link}/{gen}"
             try:
+                if link == router.stage and not router.store.check([key]):  # the lower rank names the step
+                    if router.store.check([f"{router.ns}/ready/{link}/{gen}/{attempt}/{link + 1}"]):
+                        router.store.set(key, f"{step + 2}:{attempt}")
+                    continue
                 if not router.store.check([key]):
                     continue
                 at, named = map(int, router.store.get(key).decode().split(":"))
