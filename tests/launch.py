@@ -6,7 +6,8 @@
 * :func:`torchrun` / :func:`launch` -- a real ``torchrun`` training (or ``run_train.sh``) in its own
   process group, killed on timeout; :class:`RunResult` reads its TensorBoard events back with the
   library's own reader (``titan_morph.compare.results``);
-* :func:`supervise_script` -- a Python script under the launcher's supervisor (relaunch requests).
+* :func:`supervise_script` -- a Python script under the launcher's supervisor (relaunch requests);
+* :func:`check_like_run_train` -- the launcher's check of bad input, in this process.
 """
 
 from __future__ import annotations
@@ -248,3 +249,29 @@ with open(log, "a") as fh:
     fh.write(json.dumps([os.environ.get(name) for name in {names!r}]) + "\\n")
 launches = sum(1 for _ in open(log))
 """
+
+
+def check_like_run_train(
+    config: Path, args: list[str], variables: dict[str, str], monkeypatch: Any, capsys: Any
+) -> tuple[int, list[str]]:
+    """``./run_train.sh``'s check of these inputs (launcher ``run``, the variables as its environment),
+    in this process: the exit code and the lines on stderr. Reaching torchrun fails the test (the
+    check must stop a bad input first); end-to-end runs of the script itself cost ~13 s each, most
+    of it importing TorchTitan."""
+    from titan_morph.integration.titan022 import launcher
+
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+
+    def no_rank(*_: object, **__: object) -> int:
+        raise AssertionError("the launcher went on to start torchrun")
+
+    monkeypatch.setattr(launcher, "exec_torchrun", no_rank)
+    options = [
+        part
+        for name, flag in (("NGPU", "--nproc"), ("LOG_RANK", "--log-rank"))
+        if name in variables
+        for part in (flag, variables[name])
+    ]
+    code = launcher.main(["run", *options, str(config), *args])
+    return code, capsys.readouterr().err.splitlines()

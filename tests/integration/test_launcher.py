@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch import DEFAULT_CONFIG, REPO
+from tests.launch import DEFAULT_CONFIG, REPO, check_like_run_train
 from titan_morph.comm.machine.system import segments_in_use, shm_segments
 from titan_morph.compare.runner import MARKER_ENV, marked_processes
 from titan_morph.config import ConfigError
@@ -139,27 +139,10 @@ def _check_line(case: str, config: Path, line: str, expected: str) -> None:
 
 @pytest.mark.parametrize("case", [*BAD_INPUTS, *BAD_LAUNCHER_VARIABLES])
 def test_the_launchers_check_refuses_bad_input_in_one_line(case, tmp_path, monkeypatch, capsys):
-    """The check ``./run_train.sh`` runs (``python -m titan_morph.launch run``), in this process:
-    exit code 2 and one line, and torchrun is never reached."""
-    from titan_morph.integration.titan022 import launcher
-
+    """The check ``./run_train.sh`` runs, in this process: exit code 2 and one line, no torchrun."""
     config, args, variables, expected = _bad_case(case, tmp_path)
-    for name, value in variables.items():
-        monkeypatch.setenv(name, value)
-
-    def no_rank(*_: object, **__: object) -> int:
-        raise AssertionError(f"{case}: the launcher went on to start torchrun")
-
-    monkeypatch.setattr(launcher, "exec_torchrun", no_rank)
-    options = [
-        o
-        for name, flag in (("NGPU", "--nproc"), ("LOG_RANK", "--log-rank"))
-        if name in variables
-        for o in (flag, variables[name])
-    ]
     dump = tmp_path / "run"
-    code = launcher.main(["run", *options, str(config), *args, "--job.dump_folder", str(dump)])
-    lines = capsys.readouterr().err.splitlines()
+    code, lines = check_like_run_train(config, [*args, "--job.dump_folder", str(dump)], variables, monkeypatch, capsys)
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, lines)
     _check_line(case, config, lines[0], expected)
     assert not dump.exists()

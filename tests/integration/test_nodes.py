@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch import DEFAULT_CONFIG, REPO, free_port
+from tests.launch import DEFAULT_CONFIG, REPO, check_like_run_train, free_port
 from titan_morph.comm.machine.system import segments_in_use, shm_segments
 from titan_morph.compare.runner import MARKER_ENV, marked_processes
 from titan_morph.config import ConfigError, Morph, resolve_morph
@@ -207,6 +207,19 @@ BAD_RUNS = {
 
 
 @pytest.mark.parametrize("case", BAD_RUNS)
+def test_the_launchers_check_refuses_bad_node_input_in_one_line(case, tmp_path, monkeypatch, capsys):
+    """The same inputs through the launcher's check in this process (every case; one also end to end)."""
+    variables, args, expected = BAD_RUNS[case]
+    config = Path(variables.get("CONFIG_FILE", DEFAULT_CONFIG))
+    dump = tmp_path / "run"
+    code, lines = check_like_run_train(config, [*args, "--job.dump_folder", str(dump)], variables, monkeypatch, capsys)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(expected), (code, lines)
+    assert not dump.exists()
+
+
+@pytest.mark.parametrize(
+    "case", [c if c == "world-mismatch" else pytest.param(c, marks=pytest.mark.slow) for c in BAD_RUNS]
+)
 def test_bad_node_input_is_one_line_and_exit_2_before_any_rank(case, tmp_path):
     variables, args, expected = BAD_RUNS[case]
     dump = tmp_path / "run"

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from tests.launch import REPO, RunResult, launch
+from tests.launch import REPO, RunResult, check_like_run_train, launch
 from titan_morph.integration.supervisor import torchrun_command
 
 CONFIG = REPO / "train_configs" / "hybrid_cpu.toml"
@@ -105,6 +105,7 @@ def test_a_run_started_uneven_trains_to_the_same_losses(undisturbed, tmp_path, n
     no_leftovers(tmp_path)
 
 
+@pytest.mark.slow
 def test_partition_auto_re_plans_each_pipeline_and_moves_microbatches_not_layers(tmp_path, no_leftovers):
     auto = ("--morph.partition", "auto", "--morph.synthetic.layers", "4", "--morph.synthetic.fwd_ms", "5")
     more = ("--morph.synthetic.bwd_ms", "5", "--morph.synthetic.wgt_ms", "5")
@@ -144,6 +145,16 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", BAD)
+def test_the_launchers_check_refuses_bad_counts_in_one_line(case, tmp_path, monkeypatch, capsys):
+    counts, expected = BAD[case]
+    dump = tmp_path / "run"
+    args = [*BASE, "--morph.replica_microbatches", counts, "--job.dump_folder", str(dump)]
+    code, lines = check_like_run_train(CONFIG, args, {}, monkeypatch, capsys)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: morph.replica_microbatches: "), lines
+    assert expected in lines[0] and not dump.exists(), lines[0]
+
+
+@pytest.mark.parametrize("case", [c if c == "zero" else pytest.param(c, marks=pytest.mark.slow) for c in BAD])
 def test_bad_counts_are_one_line_and_exit_2_before_any_rank(case, tmp_path):
     counts, expected = BAD[case]
     dump = tmp_path / "run"

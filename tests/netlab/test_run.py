@@ -57,7 +57,7 @@ CROSS_NODE_BYTES = 3 * 8 * 128 * 256 * 4
 @pytest.mark.parametrize(
     ("transport", "pipeline_nic", "other_nic"),
     [
-        ("auto", "data", "host"),  # the per-link groups: [morph] data_ifname = "data"
+        pytest.param("auto", "data", "host", marks=pytest.mark.slow),  # the per-link groups: data_ifname = "data"
         pytest.param("delegate", "host", "data", marks=pytest.mark.slow),  # the delegates: host_ifnames = "host"
     ],
 )

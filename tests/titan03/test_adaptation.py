@@ -26,10 +26,14 @@ def test_detect_replan_delegate_and_recover(tmp_path: Path) -> None:
     assert all(55 <= delay[s] <= 80 for s in (3, 4)), delay
     slow = run.scalars("morph/straggling/link2")
     assert [slow[s] for s in all_steps][:4] == [0, 0, 0, 1], slow
-    assert slow[steps] == 0, slow
     delegated = run.scalars("morph/delegated/link2")
-    assert delegated[4] == 1 and delegated[steps] == 0, delegated
     plan = run.scalars("morph/plan_id")
-    assert plan[1] == plan[4] == plan[steps] and plan[5] != plan[1], plan
+    assert delegated[4] == 1 and plan[1] == plan[4] and plan[5] != plan[1], (delegated, plan)
+    # recovered after 2 healthy steps from step 6 (decided after step 7 at the earliest): the default
+    # path from then, the initial plan from the next step (``plan_id``: the plan a step ran). A host loaded
+    # enough to slow gloo's own messages may be read slow again later: that is a new decision.
+    back = [s for s in range(6, steps) if slow[s] == 0]
+    assert back, slow
+    assert delegated[back[0]] == 0 and plan[back[0] + 1] == plan[1], (back, plan, delegated)
     assert "link 2 slow: delay" in run.output and "link 2 recovered" in run.output
     assert "titan_morph: run summary" in run.output
