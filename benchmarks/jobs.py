@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from titan_morph.comm.machine.system import environ, proc_status, process_name
-from titan_morph.compare.runner import LOG_FILE, Outcome, marked_processes, run_command, run_job
+from titan_morph.compare.runner import LOG_FILE, Outcome, marked_processes, prepare_run_dir, run_command, run_job
 
 __all__ = ["JobProcess", "WatchedJob", "rss_kb"]
 
@@ -90,6 +90,7 @@ class WatchedJob:
             self.ended = time.monotonic()
 
     def start(self) -> WatchedJob:
+        prepare_run_dir(self.dump)  # now: a poll before the job's thread empties it would read an old log
         self.started = time.monotonic()
         self._thread.start()
         return self

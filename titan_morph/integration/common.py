@@ -330,6 +330,7 @@ class MorphTrainerMethods:
         return parallel_dims_for(self.morph_settings, super().init_distributed())  # type: ignore[misc]
 
     def train_step(self, data_iterator: Any) -> None:
+        from titan_morph.comm.machine.system import HEAP_TRIM_STEPS, release_free_heap
         from titan_morph.integration.hybrid import before_step
         from titan_morph.integration.partition import started_launch
         from titan_morph.runtime.slowdown import ACTIVE
@@ -338,6 +339,8 @@ class MorphTrainerMethods:
         ACTIVE.set_step(self.step)  # the compute factors of this step
         super().train_step(data_iterator)  # type: ignore[misc]
         started_launch(self)
+        if self.step % HEAP_TRIM_STEPS == 0:  # the resident set follows what is live (long runs)
+            release_free_heap()
 
     def should_continue_training(self) -> bool:
         """False also after a step that moved ranks (DP x PP) or layers (``partition = "auto"``):
@@ -351,8 +354,9 @@ class MorphTrainerMethods:
 
 def rank_main(argv: list[str] | None, adapt: Callable[[], object], start: Callable[[list[str]], None]) -> None:
     """A torchrun rank's entry: exit with the agent, the CPU adaptation (``adapt``) before
-    torchtitan loads, then ``start`` with the arguments; a bad configuration is one line, exit 2."""
-    from titan_morph.comm.machine.system import die_with_parent
+    torchtitan loads, then ``start`` with the arguments; a bad configuration is one line, exit 2.
+    A rank that finished ends without the interpreter's teardown (:func:`exit_without_teardown`)."""
+    from titan_morph.comm.machine.system import die_with_parent, exit_without_teardown
 
     if "LOCAL_RANK" in os.environ:  # a torchrun rank: exit with the agent, whatever ends it
         die_with_parent()
@@ -363,3 +367,5 @@ def rank_main(argv: list[str] | None, adapt: Callable[[], object], start: Callab
     except ConfigError as err:
         print(f"titan_morph: configuration error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
+    if "LOCAL_RANK" in os.environ:  # the run released what it held: spare the job torch's teardown
+        exit_without_teardown(0)

@@ -44,8 +44,11 @@ __all__ = [
     "zbh2_ms",
 ]
 
-SAMPLE_CAP = 1024
-"""Steps a phase's sample keeps (24 bytes each): its median pipeline time is exact up to this many."""
+SAMPLE_CAP = 256
+"""Steps a sample keeps (24 bytes each): its median is exact up to this many, then taken over 128 to
+256 evenly spread steps. Small, so that the last stage's twenty samples (six phases, two per cause)
+stay within 123 KB and are full early in a long run instead of growing through its first thousand
+steps."""
 SIMULATED = 64
 """Steps per phase the simulator replays at the end (ZB-H2 and the bound): a fixed cost at exit."""
 TOP_CAUSES = 3
