@@ -11,7 +11,9 @@ the step the job had logged. Printed, per rank: the median RSS over the ``--wind
 ``--warmup`` and over the last ``--window`` steps, and the growth in between (total and per step;
 a median over tens of steps reads a level, where one sample may catch a transient allocation); the
 slope of a least-squares line through the samples of the run's second half (KB per step, and that
-slope over the half in MB: a leak's rate, not the warm-up's step up). Then the seconds from the
+slope over the half in MB: a leak's rate, not the warm-up's step up); the same growth for each rank's
+delegate processes together (root and delegates, RSS summed: a delegate path that lives through the
+run). Then the seconds from the
 last step to the job's exit (the end-of-run summary and the close), plan changes, failovers and
 delegated links, step time p50 / p99 after warm-up (TorchTitan's ``time_metrics/end_to_end(s)``).
 The last line is JSON with at least ``rss_growth_mb`` (the largest growth over the ranks),
@@ -61,6 +63,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 PARTS = ("VmRSS", "RssAnon", "RssFile", "RssShmem")  # /proc/<pid>/status fields sampled, in KiB
+DELEGATES = 100  # samples of rank R's delegate processes (their RSS summed) are keyed DELEGATES + R
+DELEGATES_EVERY_S = 5.0  # how often the delegate processes are looked up again
 
 
 def sample_rss(
@@ -73,16 +77,28 @@ def sample_rss(
     """(time, rank, rss KiB) of every rank process, every ``every_s`` seconds, until ``stop``; into
     ``parts`` the same with the RSS split (:data:`PARTS`)."""
     pids: dict[int, int] = {}
+    helpers: dict[int, list[int]] = {}  # rank -> its delegate processes (root and delegates)
+    looked = 0.0
     while not stop.is_set():
-        if len(pids) < RANKS:
-            pids = {p.rank: p.pid for p in job.processes() if p.kind == "rank"}
         now = time.monotonic()
+        if len(pids) < RANKS or now - looked > DELEGATES_EVERY_S:  # delegates start and end with links
+            found = job.processes()
+            pids = {p.rank: p.pid for p in found if p.kind == "rank"}
+            helpers = {}
+            for p in found:
+                if p.kind != "rank":
+                    helpers.setdefault(p.rank, []).append(p.pid)
+            looked = now
         for rank, pid in pids.items():
             status = proc_status(pid)
             if status.get("VmRSS"):
                 split = tuple(int(status.get(k, "0 kB").split()[0]) for k in PARTS)
                 samples.append((now, rank, split[0]))
                 parts.append((now, rank, split))
+        for rank, group in helpers.items():
+            rss = [proc_status(pid).get("VmRSS") for pid in group]
+            if all(rss):
+                samples.append((now, DELEGATES + rank, sum(int(str(v).split()[0]) for v in rss)))
         stop.wait(every_s)
 
 
@@ -194,19 +210,25 @@ def main(argv: list[str] | None = None) -> int:
         f"| slope over steps {half}-{opts.steps} (KB/step) | that slope over {opts.steps - half} steps (MB) |"
     )
     print("|---|---|---|---|---|---|---|")
-    for rank in range(RANKS):
-        warm, end = rss_at(samples, rank, *t_warm), rss_at(samples, rank, *t_end)
+    helpers: dict[int, float] = {}
+    for key in [*range(RANKS), *(DELEGATES + r for r in range(RANKS))]:
+        warm, end = rss_at(samples, key, *t_warm), rss_at(samples, key, *t_end)
         if warm is None or end is None:
             continue
         growth = (end - warm) / 1024
-        per_rank[rank] = growth
         per_step = (end - warm) / max(1, opts.steps - opts.warmup - window)
-        slope = slope_kb_per_step(samples, rank, seen, half, opts.steps)
+        name = str(key) if key < DELEGATES else f"{key - DELEGATES}'s delegates (sum)"
+        if key >= DELEGATES:
+            helpers[key - DELEGATES] = growth
+            print(f"| {name} | {warm / 1024:.1f} | {end / 1024:.1f} | {growth:+.2f} | {per_step:+.2f} | | |")
+            continue
+        per_rank[key] = growth
+        slope = slope_kb_per_step(samples, key, seen, half, opts.steps)
         text = "n/a"
         if slope is not None:
-            slopes[rank], per_half[rank] = slope, slope * (opts.steps - half) / 1024
-            text = f"{slope:+.2f} | {per_half[rank]:+.2f}"
-        print(f"| {rank} | {warm / 1024:.1f} | {end / 1024:.1f} | {growth:+.2f} | {per_step:+.2f} | {text} |")
+            slopes[key], per_half[key] = slope, slope * (opts.steps - half) / 1024
+            text = f"{slope:+.2f} | {per_half[key]:+.2f}"
+        print(f"| {name} | {warm / 1024:.1f} | {end / 1024:.1f} | {growth:+.2f} | {per_step:+.2f} | {text} |")
     step_s = [v for s, v in tb.get("time_metrics/end_to_end(s)", {}).items() if s > opts.warmup]
     plan_changes = max(tb.get("morph/plan_changes", {0: 0.0}).values())
     failovers = max(tb.get("morph/failovers", {0: 0.0}).values())
@@ -226,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         "second_half_mb": round(max(per_half.values()), 3) if per_half else None,
         "second_half_mb_per_rank": {r: round(g, 3) for r, g in per_half.items()},
         "slope_kb_per_step_per_rank": {r: round(g, 3) for r, g in slopes.items()},
+        "delegates_growth_mb_per_rank": {r: round(g, 3) for r, g in helpers.items()},
         "exit_s": round(exit_s, 1),
         "plan_changes": int(plan_changes),
         "failovers": int(failovers),
