@@ -10,6 +10,11 @@ NIC with the pipeline's default path (paper §5: host-side traffic on its own NI
 A group made here waits as long as TorchTitan's ``[comm]`` timeouts allow (init_s when made,
 train_s once :func:`step_timeout` sees step 2), not torch's 30-minute default: TorchTitan shortens
 only its own groups.
+
+What runs every step gathers with :func:`gather_rows`, point-to-point messages, not a collective:
+torch's flight recorder (on in TorchTitan, ``[comm] trace_buf_size``) keeps each collective with the
+Python stack it came from (1-3 KB) until its ring of 20000 entries is full, megabytes per rank over
+a few thousand steps for one collective a step; gloo records no point-to-point operation.
 """
 
 from __future__ import annotations
@@ -20,15 +25,29 @@ import os
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 
-__all__ = ["GROUP_LOCK", "check_interface", "cpu_group", "gloo_options", "interface_address", "step_timeout"]
+__all__ = [
+    "GATHER_TAG",
+    "GROUP_LOCK",
+    "check_interface",
+    "cpu_group",
+    "gather_rows",
+    "gloo_options",
+    "interface_address",
+    "step_timeout",
+]
+
+GATHER_TAG = 0x7E11
+"""The tag of :func:`gather_rows`' messages, apart from a pipeline's own on the same gloo group."""
 
 GROUP_LOCK = threading.Lock()
 """Held while this process makes a gloo group: one at a time, so a group made with a temporary
@@ -116,3 +135,29 @@ def step_timeout(group: dist.ProcessGroup, timeouts: CommTimeouts, step: int) ->
         return
     # torch's private setter, the one TorchTitan's set_pg_timeouts calls on its own groups
     dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeouts.for_step(step)), group)
+
+
+def gather_rows(group: dist.ProcessGroup, mine: torch.Tensor, timeout_s: float, what: str) -> list[torch.Tensor]:
+    """Every rank's ``mine`` (one shape and dtype on all ranks), ordered by group rank: an all-gather
+    of point-to-point messages on a gloo ``group`` (each rank sends its tensor to every other), so
+    that torch's flight recorder keeps nothing of it (see the module docstring). Each rank posts all
+    its receives, then its sends; every wait ends within ``timeout_s`` of the start, and a missing
+    peer raises naming this rank, the peer and ``what``."""
+    size, me = dist.get_world_size(group), dist.get_rank(group)
+    rows = [mine if r == me else torch.empty_like(mine) for r in range(size)]
+    peers = [r for r in range(size) if r != me]
+    ranks = {r: dist.get_global_rank(group, r) for r in peers}
+    works = [("receive from", r, dist.irecv(rows[r], src=ranks[r], group=group, tag=GATHER_TAG)) for r in peers]
+    works += [("send to", r, dist.isend(mine, dst=ranks[r], group=group, tag=GATHER_TAG)) for r in peers]
+    deadline = time.monotonic() + timeout_s
+    for op, peer, work in works:
+        if work is None:  # torch types isend/irecv as optional (None on a rank outside the group)
+            raise RuntimeError(f"{what}: rank {dist.get_rank()} is not in the group it gathers on")
+        try:
+            work.wait(timedelta(seconds=max(1e-3, deadline - time.monotonic())))
+        except RuntimeError as err:
+            raise RuntimeError(
+                f"{what}: rank {dist.get_rank()} could not {op} rank {ranks[peer]} within {timeout_s:g} s "
+                f"([comm] timeouts): {err}"
+            ) from err
+    return rows

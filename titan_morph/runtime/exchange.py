@@ -1,15 +1,17 @@
 """The one per-step exchange between the pipeline's ranks.
 
 After every step each stage packs its :class:`~titan_morph.runtime.records.StepRecord` into one
-fixed-size row (:mod:`titan_morph.monitor.profile`) and the stages all-gather the rows: one small
-collective on a CPU group, no external service. Every rank then holds every stage's view of the
-step, on the pipeline's common clock, and uses it for three things:
+fixed-size row (:mod:`titan_morph.monitor.profile`) and the stages all-gather the rows: small
+point-to-point messages on a CPU group (:func:`~titan_morph.comm.groups.gather_rows`: not a
+collective, which torch's flight recorder would keep every step), no external service. Every rank
+then holds every stage's view of the step, on the pipeline's common clock, and uses it for three
+things:
 
 * the plan check -- every stage ran the same plan (:class:`PlanMismatchError` otherwise);
 * the monitor's detection and re-planning (the same data on every rank gives the same decision);
 * the TensorBoard figures that need all stages (pipeline time, per-stage idle time, latencies).
 
-The collective is bounded by TorchTitan's ``[comm]`` timeouts: on the pipeline group itself
+The gather is bounded by TorchTitan's ``[comm]`` timeouts: on the pipeline group itself
 (TorchTitan shortens it), or on the CPU group made for it, which starts with ``init_timeout_seconds``
 and is shortened to ``train_timeout_seconds`` from step 2 on, as TorchTitan does with its own.
 """
@@ -22,7 +24,7 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from titan_morph.comm.groups import cpu_group, step_timeout
+from titan_morph.comm.groups import cpu_group, gather_rows, step_timeout
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 from titan_morph.monitor.profile import MessageStamp, StepProfile, decode, encode, row_width
 from titan_morph.runtime.records import StepRecord
@@ -132,11 +134,10 @@ class StepExchange:
         return profiles
 
     def all_gather(self, row: list[float], step: int) -> list[list[float]]:
-        """The collective itself: every stage's row (``step``: the 0-based step they describe)."""
+        """The gather itself: every stage's row (``step``: the 0-based step they describe)."""
         self.enter_step(step)
         mine = torch.tensor(row, dtype=torch.float64)
-        rows = [torch.empty(self.width, dtype=torch.float64) for _ in range(self.size)]
-        dist.all_gather(rows, mine, group=self.group)
+        rows = gather_rows(self.group, mine, self.timeouts.for_step(step + 1), f"the exchange of step {step + 1}")
         return [r.tolist() for r in rows]
 
     def enter_step(self, step: int) -> None:

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from titan_morph.comm.emulator import collectives
 from titan_morph.comm.emulator.collectives import CollectiveRecord
-from titan_morph.comm.groups import cpu_group
+from titan_morph.comm.groups import cpu_group, gather_rows
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 from titan_morph.monitor.compute import op_time_ms
 from titan_morph.monitor.profile import decode
@@ -39,7 +39,6 @@ from titan_morph.monitor.topology import (
     TopologyMonitor,
     decode_stamps,
     encode_stamps,
-    segment_width,
 )
 from titan_morph.runtime.exchange import StepExchange
 from titan_morph.runtime.replicas import ReplicaSplit
@@ -135,8 +134,7 @@ class HybridExchange(StepExchange):
         stamps = stamps_of(collectives.take_records(), self.epoch)
         width = len(row)
         mine = torch.tensor(row + encode_stamps(stamps, self.capacity), dtype=torch.float64)
-        rows = [torch.empty(width + segment_width(self.capacity), dtype=torch.float64) for _ in range(self.world_size)]
-        dist.all_gather(rows, mine, group=self.world)
+        rows = gather_rows(self.world, mine, self.timeouts.for_step(step + 1), f"the exchange of step {step + 1}")
         values = [r.tolist() for r in rows]
         decoded = [decode_stamps(v[width:]) for v in values]
         self.topology.observe(step + 1, [s for s, _ in decoded], dropped=sum(d for _, d in decoded))
