@@ -30,10 +30,15 @@ def test_detect_replan_delegate_and_recover(tmp_path: Path) -> None:
     plan = run.scalars("morph/plan_id")
     assert delegated[4] == 1 and plan[1] == plan[4] and plan[5] != plan[1], (delegated, plan)
     # recovered after 2 healthy steps from step 6 (decided after step 7 at the earliest): the default
-    # path from then, the initial plan from the next step (``plan_id``: the plan a step ran). A host loaded
-    # enough to slow gloo's own messages may be read slow again later: that is a new decision.
+    # path from then, and the initial plan from the next step (``plan_id``: the plan a step ran) unless
+    # the monitor then holds another link slow. A host loaded enough to slow gloo's own messages gets a
+    # healthy link read slow (20-27 ms here, at the recovery step itself in 4 of 6 runs): a new decision,
+    # made in the same step, whose plan is its own.
     back = [s for s in range(6, steps) if slow[s] == 0]
     assert back, slow
-    assert delegated[back[0]] == 0 and plan[back[0] + 1] == plan[1], (back, plan, delegated)
+    others = [run.scalars(f"morph/straggling/link{link}") for link in (0, 1)]
+    assert delegated[back[0]] == 0, (back, delegated)
+    if not any(other[back[0]] for other in others):
+        assert plan[back[0] + 1] == plan[1], (back, plan, others)
     assert "link 2 slow: delay" in run.output and "link 2 recovered" in run.output
     assert "titan_morph: run summary" in run.output
