@@ -32,7 +32,7 @@ def test_detect_replan_delegate_and_recover(tmp_path: Path) -> None:
     # recovered after 2 healthy steps from step 6 (decided after step 7 at the earliest): the default
     # path from then, and the initial plan from the next step (``plan_id``: the plan a step ran) unless
     # the monitor then holds another link slow. A host loaded enough to slow gloo's own messages gets a
-    # healthy link read slow (20-27 ms here, at the recovery step itself in 4 of 6 runs): a new decision,
+    # healthy link read slow (20-27 ms here, at the recovery step itself in 5 of 7 runs): a new decision,
     # made in the same step, whose plan is its own.
     back = [s for s in range(6, steps) if slow[s] == 0]
     assert back, slow
