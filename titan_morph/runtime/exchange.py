@@ -11,9 +11,10 @@ things:
 * the monitor's detection and re-planning (the same data on every rank gives the same decision);
 * the TensorBoard figures that need all stages (pipeline time, per-stage idle time, latencies).
 
-The gather is bounded by TorchTitan's ``[comm]`` timeouts: on the pipeline group itself
-(TorchTitan shortens it), or on the CPU group made for it, which starts with ``init_timeout_seconds``
-and is shortened to ``train_timeout_seconds`` from step 2 on, as TorchTitan does with its own.
+Each wait of the gather is bounded by TorchTitan's ``[comm]`` timeouts: ``init_timeout_seconds``
+in step 1, ``train_timeout_seconds`` from step 2 on (:meth:`StepExchange.gather_on`). The rare
+collectives (:meth:`StepExchange.agree`) follow the group's own timeout: the pipeline group's, which
+TorchTitan shortens, or the CPU group made for it, shortened the same way from step 2.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch.distributed as dist
 
 from titan_morph.comm.groups import cpu_group, gather_rows, step_timeout
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
-from titan_morph.monitor.profile import MessageStamp, StepProfile, decode, encode, row_width
+from titan_morph.monitor.profile import MessageStamp, StepProfile, decode, encode
 from titan_morph.runtime.records import StepRecord
 
 __all__ = ["PlanMismatchError", "StepExchange", "plan_number", "step_profile"]
@@ -112,7 +113,6 @@ class StepExchange:
         self._training = False
         self.microbatches = microbatches
         self.stages_per_rank = stages_per_rank
-        self.width = row_width(microbatches, stages_per_rank)
         self.size = dist.get_world_size(self.group)
 
     def gather(self, prof: StepProfile) -> list[StepProfile]:
@@ -137,8 +137,12 @@ class StepExchange:
         """The gather itself: every stage's row (``step``: the 0-based step they describe)."""
         self.enter_step(step)
         mine = torch.tensor(row, dtype=torch.float64)
-        rows = gather_rows(self.group, mine, self.timeouts.for_step(step + 1), f"the exchange of step {step + 1}")
-        return [r.tolist() for r in rows]
+        return [r.tolist() for r in self.gather_on(self.group, mine, step)]
+
+    def gather_on(self, group: dist.ProcessGroup, mine: torch.Tensor, step: int) -> list[torch.Tensor]:
+        """Every rank's ``mine`` on ``group`` (:func:`gather_rows`), each wait bounded by the ``[comm]``
+        timeout of TorchTitan step ``step + 1``."""
+        return gather_rows(group, mine, self.timeouts.for_step(step + 1), f"the exchange of step {step + 1}")
 
     def enter_step(self, step: int) -> None:
         """Once past TorchTitan's step 1 (``step``: 0-based), bound :attr:`groups` by ``train_s``."""

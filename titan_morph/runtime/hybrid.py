@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from titan_morph.comm.emulator import collectives
 from titan_morph.comm.emulator.collectives import CollectiveRecord
-from titan_morph.comm.groups import cpu_group, gather_rows
+from titan_morph.comm.groups import cpu_group
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 from titan_morph.monitor.compute import op_time_ms
 from titan_morph.monitor.profile import decode
@@ -104,7 +104,6 @@ class HybridExchange(StepExchange):
         self.groups.append(self.world)
         if replicas is not None and replicas.group is not None:
             self.groups.append(replicas.group)
-        self.world_size = dist.get_world_size(self.world)
         self.pipeline_ranks = dist.get_process_group_ranks(pipeline_group)
         self.topology = topology
         self.epoch = epoch
@@ -134,8 +133,7 @@ class HybridExchange(StepExchange):
         stamps = stamps_of(collectives.take_records(), self.epoch)
         width = len(row)
         mine = torch.tensor(row + encode_stamps(stamps, self.capacity), dtype=torch.float64)
-        rows = gather_rows(self.world, mine, self.timeouts.for_step(step + 1), f"the exchange of step {step + 1}")
-        values = [r.tolist() for r in rows]
+        values = [r.tolist() for r in self.gather_on(self.world, mine, step)]
         decoded = [decode_stamps(v[width:]) for v in values]
         self.topology.observe(step + 1, [s for s, _ in decoded], dropped=sum(d for _, d in decoded))
         if self.replicas is not None:
