@@ -44,7 +44,7 @@ def _bound_to_lo(rank: int, world: int) -> dict:
     # the exchange's CPU group: a new gloo group on lo even though WORLD is gloo already
     exchange = StepExchange(world_group, 2, 1, "lo")
     out["new_group"] = exchange.group is not world_group and exchange.group is cpu_group(world_group, "lo")
-    out["gathered"] = [r[0] for r in exchange.all_gather([float(rank)] * exchange.width, 0)]
+    out["gathered"] = [r[0] for r in exchange.all_gather([float(rank)] * 4, 0)]
     # the per-link groups on lo, carrying one message each way
     groups = LinkGroups(
         stage=rank, num_stages=world, namespace="ifname", timeouts=CommTimeouts.fixed(30), interface="lo"

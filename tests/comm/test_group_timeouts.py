@@ -82,7 +82,7 @@ def _exchange_switch(rank: int, world: int) -> dict:
     seen = []
     for step in (0, 1, 2):  # 0-based: TorchTitan's steps 1, 2, 3
         for exchange in (made, own):
-            exchange.all_gather([float(rank)] * exchange.width, step)
+            exchange.all_gather([float(rank)] * 4, step)
         seen.append((_timeout_s(made.group), _timeout_s(own.group)))
     return {"own_is_world": own.group is world_group, "seen": seen}
 
