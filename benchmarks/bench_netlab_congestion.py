@@ -27,18 +27,29 @@ Comparisons (each one ``netlab compare`` folder under ``--logdir``):
   the link's delay (``--morph.plan_delays_ms`` = size / rate, ``adapt`` off), and re-planning
   after detection without delegation (``PipeMorph-replan``);
 * ``trace``: ZBH2 and PipeMorph under netlab schedule rows that change the rate during the run
-  (by training step).
+  (by training step);
+* ``rate-2`` .. ``rate-<repeats>``: ZBH2 again under the limit (with ``shaped``'s, ``--repeats``
+  runs): the rate the monitor reads on the default path (``morph/bandwidth_mbps``, its rate probes:
+  ZBH2's messages never queue) against TCP's payload rate, run by run;
+* ``sweep-<latency>-<transmit>``: the best achievable on this link, measured: PipeMorph's static
+  plan for a grid of link latencies and transmit times (``--morph.plan_delays_ms`` /
+  ``plan_transmit_ms``, ``adapt`` off), on the default path and on the delegates, beside what
+  ``auto`` (``shaped``'s PipeMorph) converged to.
 
 Printed: measured step time (``morph/pipeline_ms`` for titan_morph's schedules, TorchTitan's step
 time for torch's 1F1B; medians after warm-up), the simulator's prediction on the link model of
 the limit (transmit = bytes x 8 / rate, plus the measured base latency; again at the payload rate
-TCP measured over the limited path, which counts the packets' headers) and measured / simulated,
-ZBH2 / PipeMorph, PipeMorph shaped / unshaped, ``morph/bound_ms``, the monitor's per-message delay
-and bandwidth estimate against size / rate, the steps until the link was detected slow, ZBH2
-default / delegate, the trace's per-phase times, and a TCP transfer over the limited path.
+TCP measured over the limited path, which counts the packets' headers), the monitor's own model
+of each step (``morph/modelled_ms``: the running plan simulated on the links as the monitor
+measured them in that step, per direction, with each rank's host time between ops: no parameter
+taken from step times) and measured / each, ZBH2 / PipeMorph, PipeMorph shaped / unshaped,
+``morph/bound_ms`` (any schedule's lower bound on the measured links), the monitor's per-message
+delay and rate against size / rate, the steps until the link was detected slow, ZBH2 default /
+delegate, the trace's per-phase times, the rate runs, the sweep, and a TCP transfer over the
+limited path.
 
     .venv/bin/python benchmarks/bench_netlab_congestion.py [--rate 20] [--message-kb 64] [--steps 16]
-        [--logdir outputs/netlab_congestion] [--report-only]
+        [--repeats 5] [--logdir outputs/netlab_congestion] [--report-only]
 
 Needs root (network namespaces). Not a test: timings depend on the host's load (run it with
 ``uptime`` load < 3; rerun rather than tune).
@@ -67,6 +78,7 @@ from titan_morph.netlab.transfer import measure
 LINK = 2
 NODES = 4
 PREFIX = "tmcong"
+MODELLED_TAG = "morph/modelled_ms"
 TCP_FILE = "tcp.json"
 """In ``--logdir``: a TCP transfer over the limited path (seconds, payload Mbit/s)."""
 
@@ -155,6 +167,33 @@ def _run(opts: argparse.Namespace, logdir: Path, base_latency: float, tcp: dict[
         lab_compare("shaped-replan", "PipeMorph-replan", limits, [], [])
     if "trace" in opts.only:
         lab_compare("trace", "ZBH2,PipeMorph", [], _trace(_trace_rows(opts)), [])
+    if "rate" in opts.only:
+        for run in range(2, opts.repeats + 1):
+            lab_compare(f"rate-{run}", "ZBH2", limits, [], [])
+    if "sweep" in opts.only:
+        for latency, transmit in _sweep_grid(opts, logdir, tcp):
+            plan = ["0"] * (NODES - 1), ["0"] * (NODES - 1)
+            plan[0][LINK], plan[1][LINK] = f"{latency:g}", f"{transmit:g}"
+            extra = ["--morph.plan_delays_ms", ",".join(plan[0])]
+            extra += ["--morph.plan_transmit_ms", ",".join(plan[1])] if transmit else []
+            lab_compare(_sweep_name(latency, transmit), "PipeMorph-noadapt,PipeMorph-CPU", limits, [], extra)
+
+
+SWEEP_LATENCY_MS = (0.0, 20.0, 50.0, 100.0)
+
+
+def _sweep_grid(opts: argparse.Namespace, logdir: Path, tcp: dict[str, float]) -> list[tuple[float, float]]:
+    """(latency, transmit) per plan of the sweep: the latencies of :data:`SWEEP_LATENCY_MS`, each
+    without a transmit time and with one message's time at TCP's payload rate (else the limit's)."""
+    if not tcp and (logdir / TCP_FILE).is_file():
+        tcp.update(json.loads((logdir / TCP_FILE).read_text()))
+    mbit = tcp.get("mbit", opts.rate)
+    tau = round(opts.message_kb * 1024 * 8 / (mbit * 1e3), 1)
+    return [(lat, tx) for lat in SWEEP_LATENCY_MS for tx in (0.0, tau)]
+
+
+def _sweep_name(latency: float, transmit: float) -> str:
+    return f"sweep-{latency:g}-{transmit:g}"
 
 
 def _trace_rows(opts: argparse.Namespace) -> list[tuple[int, float]]:
@@ -179,10 +218,9 @@ def _simulated(logdir: Path, name: str) -> dict[str, float | None]:
     return {r["variant"]: r["simulated_ms"] for r in meta["runs"]}
 
 
-def _simulated_at(logdir: Path, name: str, rate: float, latency: float = 0.0) -> dict[str, float | None]:
+def _simulated_at(logdir: Path, name: str, rate: float) -> dict[str, float | None]:
     """The simulated column again, the limited link at ``rate`` (the payload rate TCP measured:
-    the wire's bytes include the headers of every packet) and, with ``latency``, that latency per
-    message on the limited link (the others keep the base latency)."""
+    the wire's bytes include the headers of every packet)."""
     from titan_morph.netlab.compare import plan_runs
 
     meta = json.loads((logdir / name / "comparison.json").read_text())
@@ -198,27 +236,7 @@ def _simulated_at(logdir: Path, name: str, rate: float, latency: float = 0.0) ->
         base_latency_ms=float(meta["lab"]["base_latency_ms"]),
         prefix=PREFIX,
     )
-    if latency:
-        links = [copts.base_latency_ms] * (NODES - 1)
-        links[LINK] = latency
-        copts.link_latency_ms = tuple(links)
     return {r.variant.name: r.simulated_ms for r in plan_runs(copts)[1]}
-
-
-def _limited_latency(
-    scalars: dict[str, dict[int, float]] | None, first: int, wire_ms: float | None
-) -> tuple[float, str] | None:
-    """The limited link's per-message delay (the monitor's, medians over the steps from ``first``)
-    beyond its time on the wire: the monitor's transmit time where it identified the rate, else
-    ``wire_ms`` (size / the TCP payload rate); with where the wire time came from."""
-    if scalars is None:
-        return None
-    delay = _median(scalars.get(f"morph/delay_ms/link{LINK}", {}), first)
-    transmit = _median(scalars.get(f"morph/transmit_ms/link{LINK}", {}), 1)
-    source = "the monitor's transmit time"
-    if transmit is None:
-        transmit, source = wire_ms, "size / the TCP payload rate"
-    return None if delay is None or transmit is None else (max(0.0, delay - transmit), source)
 
 
 def _bound_under_limit(opts: argparse.Namespace, base: float) -> float:
@@ -272,16 +290,9 @@ def report(opts: argparse.Namespace, logdir: Path, tcp: dict[str, float]) -> str
     if tcp:
         out.append(f"TCP over the limited path (2 MiB, data NIC): {tcp['mbit']:.2f} Mbit/s of payload.")
     out.append(f"Lower bound under the limit's link model (any schedule): {_bound_under_limit(opts, base):.1f} ms.")
-    wire_ms = opts.message_kb * 1024 * 8 / (tcp["mbit"] * 1e3) if tcp else None
-    found = _limited_latency(tb.get(("shaped", "ZBH2")), first, wire_ms)
-    extra = None if found is None else found[0]
-    if found is not None:
-        out.append(
-            f"Latency per message on the limited link beyond its wire time (shaped ZBH2: the monitor's"
-            f" delay - {found[1]}): {found[0]:.1f} ms; the last simulated column adds it to that link."
-        )
     out += ["", "| run | schedule | measured ms | what | simulated ms | measured / simulated"
-            " | simulated at the TCP rate | measured / that | + measured latency | measured / that | morph/bound_ms |",
+            " | simulated at the TCP rate | measured / that | modelled by the monitor | measured / that"
+            " | morph/bound_ms |",
             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     measured: dict[tuple[str, str], float | None] = {}
     for name in ("unshaped", "shaped", "shaped-delegate", "shaped-planned", "shaped-replan"):
@@ -289,17 +300,16 @@ def report(opts: argparse.Namespace, logdir: Path, tcp: dict[str, float]) -> str
         sims = _simulated(logdir, name) if done else {}
         limited = done and tcp and name != "unshaped"
         at_tcp = _simulated_at(logdir, name, tcp["mbit"]) if limited else sims
-        at_lat = _simulated_at(logdir, name, tcp["mbit"], extra) if limited and extra is not None else at_tcp
         for (n, v), scalars in tb.items():
             if n != name:
                 continue
             m, what = _measured(scalars, first)
             measured[(n, v)] = m
-            sim = sims.get(v)
+            modelled = _median(scalars.get(MODELLED_TAG, {}), first)
             bound = _median(scalars.get("morph/bound_ms", {}), first)
             label = "ZBH2 (delegate)" if name == "shaped-delegate" else v
             cells = []
-            for value in (sim, at_tcp.get(v), at_lat.get(v)):
+            for value in (sims.get(v), at_tcp.get(v), modelled):
                 cells += [f"{value or 0:.1f}", f"{m / value:.3f}" if m and value else "—"]
             out.append(
                 f"| {name} | {label} | {m or 0:.1f} | {what} | {' | '.join(cells)} |"
@@ -352,7 +362,64 @@ def report(opts: argparse.Namespace, logdir: Path, tcp: dict[str, float]) -> str
                 + " | ".join("—" if c is None else f"{c:.1f}" for c in times)
                 + f" | {'never' if det is None else f'{det} step(s)'} |"
             )
+    out += _rate_runs(opts, logdir, tcp)
+    out += _sweep_table(opts, logdir, tcp, measured.get(("shaped", "PipeMorph")), measured)
     return "\n".join(out)
+
+
+def _rate_runs(opts: argparse.Namespace, logdir: Path, tcp: dict[str, float]) -> list[str]:
+    """The rate the monitor read on the default path in each ZBH2 run under the limit."""
+    runs = [("shaped", logdir / "shaped" / "ZBH2")]
+    runs += [(f"rate-{k}", logdir / f"rate-{k}" / "ZBH2") for k in range(2, opts.repeats + 1)]
+    read = []
+    for name, folder in runs:
+        if (folder / "tb").is_dir():
+            read.append((name, _median(read_scalars(folder).get(f"morph/bandwidth_mbps/link{LINK}", {}), 1)))
+    if not read or not tcp:
+        return []
+    within = sum(1 for _, bw in read if bw is not None and abs(bw - tcp["mbit"]) <= 0.1 * tcp["mbit"])
+    cells = ", ".join(f"{name} {'—' if bw is None else f'{bw:.2f}'}" for name, bw in read)
+    return [
+        "",
+        f"Rate read by the monitor on the default path (ZBH2, `morph/bandwidth_mbps/link{LINK}`, median over"
+        f" the run), Mbit/s: {cells}; TCP's payload rate {tcp['mbit']:.2f}: within 10 % in {within} of"
+        f" {len(read)} runs.",
+    ]
+
+
+def _sweep_table(
+    opts: argparse.Namespace,
+    logdir: Path,
+    tcp: dict[str, float],
+    auto: float | None,
+    measured: dict[tuple[str, str], float | None],
+) -> list[str]:
+    """Every static plan of the sweep, measured, and ``auto`` against the best of them and the baselines."""
+    first = opts.skip + 1
+    rows, best = [], (float("inf"), "")
+    for latency, transmit in _sweep_grid(opts, logdir, tcp):
+        name = _sweep_name(latency, transmit)
+        cells = []
+        for variant, path in (("PipeMorph-noadapt", "default"), ("PipeMorph-CPU", "delegates")):
+            folder = logdir / name / variant
+            m = _measured(read_scalars(folder), first)[0] if (folder / "tb").is_dir() else None
+            cells.append("—" if m is None else f"{m:.1f}")
+            if m is not None and m < best[0]:
+                best = (m, f"planned for {latency:g} ms + {transmit:g} ms transmit, {path}")
+        rows.append(f"| {latency:g} | {transmit:g} | {' | '.join(cells)} |")
+    if not best[1]:
+        return []
+    for key in (("shaped", "ZBH2"), ("shaped-delegate", "ZBH2"), ("shaped", "1F1B")):
+        m = measured.get(key)
+        if m is not None and m < best[0]:
+            best = (m, f"{key[1]} ({key[0]})")
+    out = ["", "Static plans on the same lab (PipeMorph, `adapt` off; pipeline ms, medians):", ""]
+    out += ["| planned latency ms | planned transmit ms | default path | delegates |", "|---:|---:|---:|---:|", *rows]
+    out.append("")
+    out.append(f"* best measured (the sweep and the baselines): {best[0]:.1f} ms, {best[1]}")
+    if auto is not None:
+        out.append(f"* PipeMorph (auto, shaped) {auto:.1f} ms: {auto / best[0]:.3f} x the best")
+    return out
 
 
 def main() -> None:
@@ -363,7 +430,10 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=6, help="first steps left out of the medians")
     parser.add_argument("--base-latency", type=float, help="ms per message in the simulated links (default: measured)")
     parser.add_argument("--logdir", type=Path, help="keep the comparisons here (default: a temporary folder)")
-    parser.add_argument("--only", default="unshaped,shaped,planned,trace", help="comparisons to run")
+    parser.add_argument("--repeats", type=int, default=5, help="ZBH2 runs under the limit whose rate is read")
+    parser.add_argument(
+        "--only", default="unshaped,shaped,planned,trace,rate,sweep", help="comparisons to run (comma-separated)"
+    )
     parser.add_argument("--report-only", action="store_true", help="re-read --logdir, run nothing")
     parser.add_argument("--out", type=Path, help="also write the summary to this markdown file")
     opts = parser.parse_args()

@@ -124,6 +124,30 @@ def test_pipemorph_plans_for_the_injected_rates_with_plan_delays():
     assert plan.warmup != initial_plan("pipemorph", morph, 4, 24).warmup  # slackness for c + tau on link 2
 
 
+def test_plan_transmit_ms_gives_real_links_a_transmit_time_to_plan_for():
+    """plan_transmit_ms: a real link's measured transmit time (no emulated rate to take it from)
+    enters the initial plan beside plan_delays_ms, and overrides the injected rates' where both are."""
+    from titan_morph.integration.assembly import initial_plan
+
+    delays = _resolved(Morph(memory_budget=7, plan_delays_ms=[0]))
+    given = _resolved(Morph(memory_budget=7, plan_delays_ms=[0], plan_transmit_ms=[0, 0, 27.3]))
+    assert given.plan_transmit(3) == (0.0, 0.0, 27.3)
+    plan = initial_plan("pipemorph", given, 4, 24)
+    assert plan.model.transmit == (0.0, 0.0, 27.3)
+    assert plan.warmup != initial_plan("pipemorph", delays, 4, 24).warmup
+    injected = _resolved(
+        Morph(
+            memory_budget=7,
+            plan_delays_ms=[0],
+            plan_transmit_ms=[0, 0, 5],
+            inject=Inject(mode="static", delays_ms=[0], bandwidth_mbit=[0, 0, 50]),
+        )
+    )
+    assert initial_plan("pipemorph", injected, 4, 24, transmit=(0.0, 0.0, 10.5)).model.transmit == (0.0, 0.0, 5.0)
+    _fails(Morph(plan_transmit_ms=[0, 0, 27.3]), "morph.plan_transmit_ms", "needs plan_delays_ms")
+    _fails(Morph(plan_delays_ms=[0], plan_transmit_ms=[0, 0, -1]), "morph.plan_transmit_ms", ">= 0")
+
+
 def test_predictor_uses_the_rates_and_the_same_plan_as_the_runtime():
     from titan_morph.compare.predict import simulated_ms
     from titan_morph.compare.variants import VARIANTS

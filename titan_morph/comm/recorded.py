@@ -24,15 +24,18 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 
 from titan_morph.comm.machine.stamps import DeviceStamps, ReadyStamp
 from titan_morph.comm.records import CommTimeoutError, MessageBook, MessageRecord
-from titan_morph.comm.transport import DefaultPathOnly, DeviceOrdered, Handle, Transport, group_by_link
+from titan_morph.comm.transport import P2P, DefaultPathOnly, DeviceOrdered, Handle, Transport, group_by_link
 from titan_morph.comm.waits import DeviceOp, on_nccl
 
-__all__ = ["RecordedTransport"]
+__all__ = ["PROBE_MESSAGES", "ProbeTimes", "RecordedTransport", "probe_train"]
 
 
 class _Handle:
@@ -167,6 +170,11 @@ class RecordedTransport(DefaultPathOnly, MessageBook, Transport):
             handles.append(_Handle(self, mops, rec, mw))
         return handles
 
+    def rate_probe_path(self, link: int) -> P2P | None:
+        """``inner``, unrecorded (a rate probe's messages are not the pipeline's); None on NCCL,
+        whose waits do not return when the data is there."""
+        return self.inner if self.stamps is None and not on_nccl(self.group) else None
+
     def take_records(self) -> list[MessageRecord]:
         """The records since the last call, sends stamped ``ready`` where the device has been seen past
         their payload (a mark not stamped yet leaves ``ready`` None: the delay then runs from ``accepted``)."""
@@ -195,3 +203,76 @@ class RecordedTransport(DefaultPathOnly, MessageBook, Transport):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# -- rate probes ------------------------------------------------------------------------------
+# A probe train: a few messages sent back to back on one direction of a pipeline link, timed.
+#
+# The monitor cannot read a link's rate from messages that each find the wire idle (latency and
+# transmit time add up the same way, :mod:`titan_morph.monitor.rate_probes`); messages sent together
+# queue behind one another on a rate-limited wire and arrive one transmit time apart. A train of
+# :data:`PROBE_MESSAGES` messages of the link's usual size crosses the link's default path (the very
+# process group and socket its pipeline messages use, without their records) between two steps; the
+# sender stamps when it handed them over, the receiver when each wait began and returned. The
+# receiver posts every receive first and waits in order, so each wait after the first blocks until
+# its message arrived whenever the wire spaced them.
+#
+# Only a path that moves bytes on the host can be timed this way (gloo: a wait returns when the
+# message is there); a transport offers one per link through :class:`RateProbeable`.
+
+PROBE_MESSAGES = 3
+"""Messages per train and direction: two arrival gaps, so one late stamp spoils one of them."""
+
+
+@dataclass(frozen=True)
+class ProbeTimes:
+    """One side of one train, in ms on the common clock: the sender's ``sent`` (one per message,
+    when it was handed over) or the receiver's ``waited`` and ``returned`` per message."""
+
+    link: int
+    direction: str
+    nbytes: int
+    sent: tuple[float, ...] = ()
+    waited: tuple[float, ...] = ()
+    returned: tuple[float, ...] = ()
+
+
+def probe_train(
+    path: P2P,
+    group: dist.ProcessGroup,
+    *,
+    link: int,
+    direction: str,
+    peer: int,
+    send: bool,
+    nbytes: int,
+    timeout_s: float,
+    now_ms: Callable[[], float],
+    messages: int = PROBE_MESSAGES,
+) -> ProbeTimes:
+    """Send (``send``) or receive ``messages`` messages of ``nbytes`` to/from global rank ``peer``
+    over ``path`` on ``group``; every wait ends within ``timeout_s`` of the start, else the error
+    names this rank, the peer, the link and the direction."""
+    if nbytes < 1 or messages < 2:
+        raise ValueError(f"a probe train needs >= 2 messages of >= 1 byte, got {messages} of {nbytes}")
+    buffers = [torch.empty(nbytes, dtype=torch.uint8) for _ in range(1 if send else messages)]
+    op = dist.isend if send else dist.irecv
+    deadline = time.monotonic() + timeout_s
+    handed = now_ms()
+    handles = [
+        h for k in range(messages) for h in path.batch_p2p([dist.P2POp(op, buffers[0 if send else k], peer, group)])
+    ]
+    waited, returned = [], []
+    for k, handle in enumerate(handles):
+        waited.append(now_ms())
+        done = handle.wait(max(1e-3, deadline - time.monotonic()))
+        if not done:
+            what = "send to" if send else "receive from"
+            raise RuntimeError(
+                f"rank {dist.get_rank()}: probe of link {link} ({direction}): could not {what} rank {peer} "
+                f"(message {k + 1} of {messages}) within {timeout_s:g} s ([comm] timeouts)"
+            )
+        returned.append(now_ms())
+    if send:
+        return ProbeTimes(link, direction, nbytes, sent=(handed,) * messages)
+    return ProbeTimes(link, direction, nbytes, waited=tuple(waited), returned=tuple(returned))

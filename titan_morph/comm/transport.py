@@ -141,6 +141,16 @@ class Transport(P2P, Protocol):
 
 
 @runtime_checkable
+class RateProbeable(Protocol):
+    """A transport whose links' default path can carry a probe train."""
+
+    def rate_probe_path(self, link: int) -> P2P | None:
+        """The unrecorded path of ``link``'s pipeline messages, or None where they do not take one
+        a probe can time (the link is delegated, emulated, or on the device)."""
+        ...
+
+
+@runtime_checkable
 class DeviceOrdered(Protocol):
     """A handle whose ``wait`` may return before its operations ran: on NCCL it orders the current
     stream after them (:mod:`titan_morph.comm.waits`). A path that stamps deliveries, or re-issues

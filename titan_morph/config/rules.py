@@ -226,6 +226,10 @@ def check_morph(morph: MorphSettings, layout: Layout, world: int | None) -> None
         )
     if morph.adapt and not morph.monitor:
         raise fail("morph.adapt", morph.adapt, "needs morph.monitor = true (adaptation acts on the monitor's data)")
+    if morph.plan_transmit_ms and not morph.plan_delays_ms:
+        raise fail(
+            "morph.plan_transmit_ms", list(morph.plan_transmit_ms), "needs plan_delays_ms (the latencies beside it)"
+        )
     if morph.plan_delays_std_ms:
         shown = list(morph.plan_delays_std_ms)
         if not morph.plan_delays_ms:

@@ -201,6 +201,11 @@ class Morph:
     the delays later. When set, the initial plan is Alg. 2 for these delays (+ the search when
     ``search``)."""
 
+    plan_transmit_ms: PlanDelayList = field(default_factory=list)
+    """Per-link transmit time in ms of one pipeline message that PipeMorph's initial plan assumes
+    beside ``plan_delays_ms`` (a limited link: size / rate, sent one at a time per direction), e.g.
+    [0, 0, 27.3]; [] = none (or the injected rates' on emulated links). Needs ``plan_delays_ms``."""
+
     plan_delays_std_ms: PlanDelayList = field(default_factory=list)
     """Standard deviation of the planned delays in ms (one per link, or one for all): PipeMorph's
     initial plan is then made for the distribution N(plan_delays_ms, this), minimising the expected
@@ -340,6 +345,11 @@ class Morph:
     """Network interface of the host-side traffic: delegates, the per-step exchange and the store,
     e.g. "host" (the paper's CPU-side NIC, §5); one name for now (the field takes a comma-separated
     list so that failing over to a second host NIC can come without renaming it). "" = torch's choice."""
+
+    profiles_file: str = ""
+    """A JSON-lines file that pipeline rank 0 appends every step's exchanged profiles to (every
+    stage's op totals and message stamps, on the common clock: what the monitor decided from, for
+    a look afterwards or a test fixture); "" = none."""
 
     inject: Inject = field(default_factory=Inject)
     synthetic: Synthetic = field(default_factory=Synthetic)

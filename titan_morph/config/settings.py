@@ -116,6 +116,7 @@ class MorphSettings:
     stage_times_ms: tuple[float, ...]
     """Flat F, B, W per stage; () = profile them."""
     plan_delays_ms: tuple[float, ...]
+    plan_transmit_ms: tuple[float, ...]
     plan_delays_std_ms: tuple[float, ...]
     plan_samples: int
     plan_seed: int
@@ -144,6 +145,7 @@ class MorphSettings:
     replica_microbatches: tuple[int, ...]
     data_ifname: str
     host_ifnames: str
+    profiles_file: str
     inject: InjectSettings
     synthetic: SyntheticSettings
     split: tuple[int, ...] | None
@@ -219,6 +221,12 @@ class MorphSettings:
     def plan_delays(self, num_links: int) -> tuple[float, ...] | None:
         """The per-link delays PipeMorph plans for from the start, or None (Alg. 1 without delays)."""
         return _for_stages(self.plan_delays_ms, num_links, 1, "morph.plan_delays_ms") if self.plan_delays_ms else None
+
+    def plan_transmit(self, num_links: int) -> tuple[float, ...] | None:
+        """The per-link transmit times PipeMorph's initial plan assumes (``plan_transmit_ms``), or None."""
+        if not self.plan_transmit_ms:
+            return None
+        return _for_stages(self.plan_transmit_ms, num_links, 1, "morph.plan_transmit_ms")
 
     def plan_delay_samples(self, num_links: int) -> tuple[tuple[float, ...], ...] | None:
         """``plan_samples`` delay vectors from N(``plan_delays_ms``, ``plan_delays_std_ms``), or None

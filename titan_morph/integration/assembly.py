@@ -181,14 +181,12 @@ def initial_plan(
     """The plan a schedule starts with (same on every rank: a pure function of the config).
 
     PipeMorph (and PipeMorph-V, two stages per rank): Alg. 1 under ``memory_budget``; with
-    ``plan_delays_ms``, Alg. 2 for those delays (and the per-message ``transmit`` times of the
-    injected rates, :func:`~titan_morph.config.links.plan_transmit`: Eq. 1 with c + tau), and with
-    ``search`` the simulator-guided search
-    (for the configured transport's link queue) on top, or with ``plan_delays_std_ms`` the plan with
-    the lowest expected makespan over sampled delays. Without planned delays the search is not
-    applied: every plan with no delay has the same makespan, and Alg. 1's maximal slackness is what
-    absorbs stragglers until they are detected.
-    """
+    ``plan_delays_ms``, Alg. 2 for those delays (and the transmit times of ``plan_transmit_ms``, else
+    ``transmit``: the injected rates', :func:`~titan_morph.config.links.plan_transmit`), and with
+    ``search`` the simulator-guided search (for the configured transport's link queue) on top, or
+    with ``plan_delays_std_ms`` the plan with the lowest expected makespan over sampled delays.
+    Without planned delays the search is not applied: every plan with no delay has the same
+    makespan, and Alg. 1's maximal slackness absorbs stragglers until they are detected."""
     morph_family = family in ("pipemorph", "pipemorph-v")
     per_rank = 2 if family in V_SCHEDULES else 1
     model = cost_model(morph, stages, n_microbatches, memory=morph_family, times=times, stages_per_rank=per_rank)
@@ -197,6 +195,7 @@ def initial_plan(
     delays = morph.plan_delays(model.num_links)
     if delays is not None:
         model = model.with_delays(delays)
+        transmit = morph.plan_transmit(model.num_links) or transmit  # given for real links, else injected
         if transmit is not None:
             model = model.with_transmit(transmit)
     if not (morph.search and delays is not None):  # without known delays Alg. 1's max-min slackness stands
@@ -568,6 +567,7 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
             summary_window=morph.inject.window(req.settings.job.steps),
             replicas=replicas,
             max_microbatches=most,
+            profiles_file=morph.profiles_file,
         )
 
     build_schedule.__doc__ = f"titan_morph's {family} plan in MorphSchedule."

@@ -30,11 +30,14 @@ from dataclasses import dataclass, replace
 
 from titan_morph.monitor.delays import LinkEstimate, estimate_links, quantile
 from titan_morph.monitor.detect import Decision, Detector, DetectRule
-from titan_morph.monitor.profile import StepProfile
+from titan_morph.monitor.profile import PROBE_PATH, StepProfile
+from titan_morph.monitor.rate_probes import RateProbes
 from titan_morph.monitor.repartition import Partitioner
 from titan_morph.monitor.replan import MeasuredTimes, adapted_plan, search_iterations, wire_capacity_ms
+from titan_morph.pipelining.links import StaticDelays
 from titan_morph.pipelining.model import CostModel, Plan
 from titan_morph.pipelining.partition import evaluate_split
+from titan_morph.pipelining.simulate import simulate
 from titan_morph.pipelining.slackness import tolerance_ms
 
 __all__ = ["AdaptPolicy", "Change", "Monitor"]
@@ -128,6 +131,7 @@ class Monitor:
         self.last_change: Change | None = None
         self.step = 0
         self.partitioner: Partitioner | None = None  # partition = "auto": set by the runtime's assembly
+        self.probes = RateProbes(self.ranks - 1)
 
     def tolerances(self, *plans: Plan) -> list[list[float]]:
         """Eq. 1 tolerance of every link under each of ``plans``, with the measured stage times."""
@@ -138,10 +142,12 @@ class Monitor:
         """Take step ``step``'s profiles (one per rank, ordered by rank); the change to make, if any."""
         self.step, self.profiles = step, profiles
         self.times.add(profiles)
-        self.estimates = estimate_links(profiles, self.ranks)
+        self.estimates = estimate_links(profiles, self.ranks, per_byte_ms=self.probes.per_byte_ms())
+        self.probes.take(step, self.estimates)
         capacity = wire_capacity_ms(self.times.model(self.microbatches))
         tolerance, initial = self.tolerances(active, self.initial_plan)
         decision = self.detector.update(step, self.estimates, tolerance, initial, capacity)
+        self.probes.settle(self.estimates, self.detector.links, self.detector.rule.floor_ms)
         change = None
         if decision is not None and self.policy.enabled:
             change = self._adapt(decision)
@@ -154,6 +160,64 @@ class Monitor:
         if change is not None:
             self._made(change)
         return change
+
+    def estimated_links(self) -> StaticDelays:
+        """The link model of the last step as the monitor measured it: per link and direction the
+        latency and transmit time of its pipeline messages (:meth:`LinkEstimate.direction_wire_ms`);
+        a direction without exact samples takes the other's, a link without any its delay bound.
+        What the running plan's own traffic adds (the reverse direction's share) is in them."""
+        fwd, bwd, tf, tb = [], [], [], []
+        for est in self.estimates:
+            wire = est.direction_wire_ms()
+            bound = (est.upper_ms or 0.0, 0.0)
+            f = wire.get("fwd") or wire.get("bwd") or bound
+            b = wire.get("bwd") or f
+            fwd.append(f[0])
+            bwd.append(b[0])
+            tf.append(f[1])
+            tb.append(b[1])
+        return StaticDelays(tuple(fwd), tuple(bwd), tuple(tf), tuple(tb))
+
+    def floor_links(self) -> StaticDelays:
+        """Links no schedule can beat, for a lower bound: per link the least latency measured in
+        either direction (or by its probe), and the wire's own transmit time (not what a queue met
+        under the running plan's traffic)."""
+        latency, transmit = [], []
+        for est in self.estimates:
+            wire = est.direction_wire_ms()
+            found = [lat for lat, _ in wire.values()]
+            if est.probed is not None and est.probed.latency_ms is not None:
+                found.append(est.probed.latency_ms)
+            latency.append(min(found, default=est.upper_ms or 0.0))
+            transmit.append(est.transmit_ms or 0.0)
+        return StaticDelays(tuple(latency), transmit=tuple(transmit))
+
+    def modelled_ms(self, plan: Plan, depth: int | None) -> float | None:
+        """The simulator's makespan of ``plan`` under :meth:`estimated_links` with the measured
+        stage times and each rank's host time between ops (:func:`host_gaps_ms`): the link model
+        checked against the step it was measured in, every parameter from this run's op and message
+        stamps (None before the first step, or when the plan cannot complete)."""
+        if not self.estimates:
+            return None
+        model = self.times.model(self.microbatches)
+        gaps = host_gaps_ms(self.profiles)
+        if len(gaps) == self.ranks:  # each op also costs its rank's host time between ops
+            rank_of = [s if s < self.ranks else 2 * self.ranks - 1 - s for s in range(model.stages)]
+            model = replace(
+                model,
+                fwd=tuple(t + gaps[rank_of[s]] for s, t in enumerate(model.fwd)),
+                bwd=tuple(t + gaps[rank_of[s]] for s, t in enumerate(model.bwd)),
+                wgt=tuple(t + gaps[rank_of[s]] for s, t in enumerate(model.wgt)),
+            )
+        try:
+            return simulate(model, plan.orders, links=self.estimated_links(), depth=depth).makespan
+        except (RuntimeError, ValueError):
+            return None
+
+    def probes_due(self) -> tuple[int, ...]:
+        """Links whose rate a probe train should measure before the next step (:mod:`.rate_probes`);
+        the same on every rank. The runtime probes those on a path it can probe."""
+        return self.probes.due(self.step, self.estimates, self.detector.links, self.detector.rule.floor_ms)
 
     def _compute_change(self, step: int, profiles: list[StepProfile], change: Change | None) -> Change | None:
         """The partitioner's re-plan for measured speeds, merged into the link side's ``change``
@@ -304,6 +368,32 @@ class Monitor:
             for name, value in figures.items():
                 if value is not None and math.isfinite(value):
                     out[f"morph/{name}/link{est.link}"] = value
+            for direction, value in est.direction_latency_ms().items():  # the link model's latency per direction
+                out[f"morph/link_latency_ms/link{est.link}/{direction}"] = value
         if self.partitioner is not None:
             out.update(self.partitioner.metrics())
         return out
+
+
+def host_gaps_ms(profiles: Sequence[StepProfile]) -> list[float]:
+    """Per rank (profiles ordered by rank), the host's time per op in one step that was neither an
+    op nor a wait for a message: the step's span less its ops, its receive waits (their union)
+    and its blocked sends, over its op count (>= 0; 0 for a rank without ops)."""
+    out = []
+    for prof in profiles:
+        ops = sum(n for _, n in prof.compute.values())
+        busy = sum(total for total, _ in prof.compute.values())
+        spans = sorted(
+            (m.t2, m.t3)
+            for m in prof.messages
+            if m.side == "recv" and m.path != PROBE_PATH and math.isfinite(m.t2) and math.isfinite(m.t3)
+        )
+        waited, until = 0.0, -math.inf
+        for lo, hi in spans:  # the union of the waits
+            lo = max(lo, until)
+            if hi > lo:
+                waited += hi - lo
+                until = hi
+        free = prof.end_ms - prof.start_ms - busy - waited - prof.blocked_ms
+        out.append(max(0.0, free / ops) if ops else 0.0)
+    return out

@@ -82,6 +82,23 @@ class WireEstimate:
     bandwidth_floor_mbps: float | None = None
     costs_ms: tuple[float, ...] = ()
     queued_seqs: tuple[int, ...] = ()
+    typical_bytes: float = 0.0  # the median message size (0: sizes unknown)
+    assumed_rate: bool = False  # the rate was given (a probe's), not measured from these messages
+    # the transmit time the queued messages met (their arrival gaps), where it exceeds the wire's:
+    # the reverse direction's traffic slows a direction down (None: as ``transmit_ms``)
+    loaded_transmit_ms: float | None = None
+
+    @property
+    def model_transmit_ms(self) -> float | None:
+        """The transmit time per message the link model uses: what the queue met, else the wire's."""
+        return self.loaded_transmit_ms if self.loaded_transmit_ms is not None else self.transmit_ms
+
+    @property
+    def per_byte_ms(self) -> float | None:
+        """The transmit time of one byte (None: no rate measured, or sizes unknown)."""
+        if self.transmit_ms is None or self.typical_bytes <= 0:
+            return None
+        return self.transmit_ms / self.typical_bytes
 
     @property
     def identified(self) -> bool:
@@ -161,11 +178,15 @@ def _explains(
     return hits >= EXPLAINED * len(msgs)
 
 
-def estimate_wire(timings: Iterable[WireTiming], floor_ms: float = 1.0) -> WireEstimate:
+def estimate_wire(
+    timings: Iterable[WireTiming], floor_ms: float = 1.0, per_byte_ms: float | None = None
+) -> WireEstimate:
     """Latency and transmit time of one link direction from one step's messages (module docstring).
 
     ``floor_ms`` is the jitter floor: waits and gaps within it are noise. Messages whose arrival is
     unknown are left out (and break the chain: the next one has no known predecessor).
+    ``per_byte_ms``: the link's rate measured otherwise (a probe train's), used when these messages
+    do not give one: it still tells queueing from latency (:func:`_at_known_rate`).
     """
     if not floor_ms >= 0:
         raise ValueError(f"floor_ms must be >= 0 ms, got {floor_ms}")
@@ -191,7 +212,10 @@ def estimate_wire(timings: Iterable[WireTiming], floor_ms: float = 1.0) -> WireE
     if sized:  # every message proves tau_k <= a_k - s_k
         floor_bw = max((mbps(m.nbytes, m.arrived - m.sent) for m in msgs if m.arrived > m.sent), default=None)
     costs = tuple(m.arrived - m.sent for m in msgs)
-    unidentified = WireEstimate(len(msgs), 0, statistics.median(costs), None, None, floor_bw, costs)
+    typical = statistics.median(units) if sized else 0.0
+    unidentified = WireEstimate(len(msgs), 0, statistics.median(costs), None, None, floor_bw, costs, (), typical)
+    if per_byte_ms is not None and sized:
+        unidentified = _at_known_rate(msgs, per_byte_ms, floor_ms, unidentified)
     if not queued:
         return unidentified
     if min(m.arrived - m.sent - per_unit * u for m, u in zip(msgs, units, strict=True)) < -floor_ms:
@@ -205,8 +229,7 @@ def estimate_wire(timings: Iterable[WireTiming], floor_ms: float = 1.0) -> WireE
         for k in range(1, len(msgs))
         if msgs[k].seq == msgs[k - 1].seq + 1 and msgs[k - 1].arrived - latency - msgs[k].sent > floor_ms
     }
-    typical = statistics.median(units)
-    transmit = per_unit * typical
+    transmit = per_unit * statistics.median(units)
     return WireEstimate(
         len(msgs),
         len(queued),
@@ -216,4 +239,44 @@ def estimate_wire(timings: Iterable[WireTiming], floor_ms: float = 1.0) -> WireE
         floor_bw,
         tuple(x for k, x in enumerate(costs) if k not in queued),
         tuple(msgs[k].seq for k in sorted(queued)),
+        typical,
+    )
+
+
+def _at_known_rate(
+    msgs: Sequence[WireTiming], per_byte_ms: float, floor_ms: float, unidentified: WireEstimate
+) -> WireEstimate:
+    """The FIFO wire at a given rate: a message accepted before its predecessor left the wire (its
+    arrival less the latency) queued, and its wait is not a delay. The queued messages' arrival gaps
+    give the transmit time they met (the median per byte, never below the given rate's): on a
+    link whose two directions share their queues with each other's acknowledgements it exceeds the
+    rate's while the reverse direction is busy. The latency is the other messages' median cost less
+    that transmit time. Two passes, starting from the least cost at the given rate (a message that
+    found the wire idle). The costs of queued messages are left out of ``costs_ms``."""
+    net = [m.arrived - m.sent - per_byte_ms * m.nbytes for m in msgs]
+    latency, queued, loaded = max(0.0, min(net)), set[int](), per_byte_ms
+    for _ in range(2):
+        queued = {
+            k
+            for k in range(1, len(msgs))
+            if msgs[k].seq == msgs[k - 1].seq + 1 and msgs[k - 1].arrived - latency - msgs[k].sent > floor_ms
+        }
+        gaps = [(msgs[k].arrived - msgs[k - 1].arrived) / msgs[k].nbytes for k in sorted(queued)]
+        loaded = max(per_byte_ms, statistics.median(gaps)) if len(gaps) >= 2 else per_byte_ms
+        idle = [m.arrived - m.sent - loaded * m.nbytes for k, m in enumerate(msgs) if k not in queued]
+        latency = max(0.0, statistics.median(idle))
+    typical = unidentified.typical_bytes
+    transmit = per_byte_ms * typical
+    return WireEstimate(
+        len(msgs),
+        len(queued),
+        latency,
+        transmit,
+        mbps(typical, transmit) if transmit > 0 else None,
+        unidentified.bandwidth_floor_mbps,
+        tuple(x for k, x in enumerate(unidentified.costs_ms) if k not in queued),
+        tuple(msgs[k].seq for k in sorted(queued)),
+        typical,
+        assumed_rate=True,
+        loaded_transmit_ms=loaded * typical if loaded > per_byte_ms else None,
     )

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from titan_morph.monitor.bandwidth import WireEstimate, WireTiming, estimate_wire
-from titan_morph.monitor.profile import MessageStamp, StepProfile
+from titan_morph.monitor.profile import PROBE_PATH, MessageStamp, StepProfile
 
 __all__ = ["LinkEstimate", "estimate_links", "quantile"]
 
@@ -46,9 +46,22 @@ class LinkEstimate:
     exact: list[float] = field(default_factory=list)
     bounds: list[float] = field(default_factory=list)
     wires: dict[tuple[str, str], WireEstimate] = field(default_factory=dict)  # (path, direction) ->
+    # the link's last probe train that measured a rate (the monitor holds it while the link stays
+    # congested): the rate when no pipeline message of this step queued
+    probed: WireEstimate | None = None
 
     def _identified(self) -> list[WireEstimate]:
-        return [w for w in self.wires.values() if w.identified]
+        """The wires that measured a rate: this step's pipeline messages where some queued, else
+        the link's probe."""
+        found = [w for (path, _), w in self.wires.items() if path != PROBE_PATH and w.identified]
+        return found or ([self.probed] if self.probed is not None and self.probed.identified else [])
+
+    @property
+    def measured_by_probe(self) -> bool:
+        """Is this step's rate a probe's (no pipeline message measured one itself)?"""
+        return bool(self._identified()) and not any(
+            w.identified and not w.assumed_rate for (path, _), w in self.wires.items() if path != PROBE_PATH
+        )
 
     @property
     def transmit_ms(self) -> float | None:
@@ -65,9 +78,42 @@ class LinkEstimate:
     @property
     def latency_ms(self) -> float | None:
         """The latency without the transmit time, where a rate was measured (the larger over
-        directions); None: only the delays (latency + transmit) are known."""
-        found = [w.latency_ms for w in self._identified() if w.latency_ms is not None]
+        directions); None: only the delays (latency + transmit) are known. When only a probe
+        measured the rate, each direction's pipeline messages give their idle cost less the
+        transmit time: the latency they meet in the pipeline, reverse traffic included."""
+        if self.measured_by_probe:
+            found = list(self.direction_latency_ms().values())
+        else:
+            found = [w.latency_ms for w in self._identified() if w.latency_ms is not None]
         return max(found) if found else None
+
+    def direction_latency_ms(self) -> dict[str, float]:
+        """Per direction, the latency of this step's pipeline messages beyond their transmit time,
+        where a rate is known (:meth:`direction_wire_ms`)."""
+        return {d: lat for d, (lat, tau) in self.direction_wire_ms().items() if tau > 0}
+
+    def direction_wire_ms(self) -> dict[str, tuple[float, float]]:
+        """Per direction, (latency, transmit time) of this step's pipeline messages: the wire's own
+        where a rate is known (the transmit time queued messages met,
+        :attr:`~titan_morph.monitor.bandwidth.WireEstimate.model_transmit_ms`); else, with a probe's
+        rate (:attr:`probed`), the median cost less its transmit time; else the median cost as
+        latency and no transmit time (the delay-only reading). Directions without exact samples are
+        left out."""
+        out: dict[str, tuple[float, float]] = {}
+        probe_per_byte = self.probed.per_byte_ms if self.probed is not None else None
+        for (path, direction), w in sorted(self.wires.items()):
+            if path == PROBE_PATH or not w.costs_ms:
+                continue
+            if w.identified and w.latency_ms is not None and w.model_transmit_ms is not None:
+                found = (w.latency_ms, w.model_transmit_ms)
+            elif probe_per_byte is not None and w.typical_bytes > 0:
+                tau = probe_per_byte * w.typical_bytes
+                found = (max(0.0, statistics.median(w.costs_ms) - tau), tau)
+            else:
+                found = (statistics.median(w.costs_ms), 0.0)
+            old = out.get(direction)
+            out[direction] = found if old is None or sum(found) > sum(old) else old
+        return out
 
     @property
     def delay_ms(self) -> float | None:
@@ -111,12 +157,18 @@ def _sample(send: MessageStamp, recv: MessageStamp, block_eps_ms: float) -> tupl
 
 
 def estimate_links(
-    profiles: Iterable[StepProfile], num_stages: int, block_eps_ms: float = 1.0, jitter_ms: float = 1.0
+    profiles: Iterable[StepProfile],
+    num_stages: int,
+    block_eps_ms: float = 1.0,
+    jitter_ms: float = 1.0,
+    per_byte_ms: Sequence[float | None] | None = None,
 ) -> list[LinkEstimate]:
     """Per link (0..R-2), the step's delay samples matched send→receive by (path, link, direction, seq);
     ``num_stages`` counts the pipeline's ranks (its stages with one stage per rank). The exact ones
     go through :func:`~titan_morph.monitor.bandwidth.estimate_wire` (``jitter_ms``: its jitter
-    floor) per (path, direction): queued messages leave the delay samples for the transmit time."""
+    floor) per (path, direction): queued messages leave the delay samples for the transmit time.
+    ``per_byte_ms``: per link, the rate a probe measured before (None: none), which tells queueing
+    from latency where the step's messages do not measure a rate; a train in this step replaces it."""
     sends: dict[tuple[str, int, str, int], MessageStamp] = {}
     recvs: list[MessageStamp] = []
     for prof in profiles:
@@ -132,14 +184,23 @@ def estimate_links(
         if got is None:
             continue
         value, exact = got
+        if recv.path == PROBE_PATH and not exact:
+            continue  # a probe's message that was there before its wait: no rate, and no delay either
         if exact:
             size = recv.nbytes or send.nbytes
             wire = wires.setdefault((recv.link, recv.path, recv.direction), [])
             wire.append(WireTiming(recv.seq, send.t1, send.t1 + value, size))
         else:
             out[recv.link].bounds.append(value)
-    for (link, path, direction), timings in sorted(wires.items()):
-        est = estimate_wire(timings, jitter_ms)
+    known: list[float | None] = list(per_byte_ms) if per_byte_ms is not None else [None] * len(out)
+    probes_first = sorted(wires.items(), key=lambda kv: (kv[0][1] != PROBE_PATH, kv[0]))
+    for (link, path, direction), timings in probes_first:
+        if path == PROBE_PATH:
+            est = estimate_wire(timings, jitter_ms)
+            if est.per_byte_ms is not None:  # this step's train: the link's rate from now on
+                known[link] = max(est.per_byte_ms, known[link] or 0.0)
+        else:
+            est = estimate_wire(timings, jitter_ms, known[link])
+            out[link].exact.extend(est.costs_ms)  # a probe measures the rate; the delays are the pipeline's
         out[link].wires[(path, direction)] = est
-        out[link].exact.extend(est.costs_ms)
     return out

@@ -15,9 +15,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["MessageStamp", "StepProfile", "capacity", "row_width", "encode", "decode", "PATHS"]
+__all__ = ["MessageStamp", "StepProfile", "capacity", "row_width", "encode", "decode", "PATHS", "PROBE_PATH"]
 
-PATHS = ("", "emulated", "delegate", "torch", "auto")  # MessageRecord.path codes
+PATHS = ("", "emulated", "delegate", "torch", "auto", "rate-probe")  # MessageRecord.path codes, and PROBE_PATH
+PROBE_PATH = "rate-probe"
+"""The path of a rate probe's messages (:func:`titan_morph.comm.recorded.probe_train`): they
+measure a link's rate and are not pipeline traffic."""
+PROBE_ROOM = 12
+"""Room in a row for probe messages: a rank probes at most two links, three messages each way."""
 _DIRS = ("fwd", "bwd")
 _KINDS = ("F", "I", "W", "B")
 _SCALARS = ("plan", "blocked_ms", "send_late_ms", "sends", "failovers")
@@ -93,8 +98,8 @@ class StepProfile:
 
 def capacity(microbatches: int, stages_per_rank: int = 1) -> int:
     """Messages a row holds: 4 per microbatch and stage (2 links x send/recv) plus room for re-posted
-    ones (a receive that fails over to the delegates is recorded on both paths)."""
-    return (4 * stages_per_rank + 1) * microbatches + 8
+    ones (a receive that fails over to the delegates is recorded on both paths) and for a probe."""
+    return (4 * stages_per_rank + 1) * microbatches + 8 + PROBE_ROOM
 
 
 def row_width(microbatches: int, stages_per_rank: int = 1) -> int:

@@ -26,11 +26,12 @@ import torch
 import torch.distributed as dist
 
 from titan_morph.comm.groups import cpu_group, gather_rows, step_timeout
+from titan_morph.comm.recorded import ProbeTimes
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
-from titan_morph.monitor.profile import MessageStamp, StepProfile, decode, encode
+from titan_morph.monitor.profile import PROBE_PATH, MessageStamp, StepProfile, decode, encode
 from titan_morph.runtime.records import StepRecord
 
-__all__ = ["PlanMismatchError", "StepExchange", "plan_number", "step_profile"]
+__all__ = ["PlanMismatchError", "StepExchange", "plan_number", "probe_stamps", "step_profile"]
 
 logger = logging.getLogger(__name__)
 NAN = float("nan")
@@ -92,6 +93,18 @@ def step_profile(record: StepRecord, stage: int, epoch: float) -> StepProfile:
             )
         prof.messages.append(stamp)
     return prof
+
+
+def probe_stamps(times: ProbeTimes) -> list[MessageStamp]:
+    """One side of a rate probe's train as message stamps (path :data:`PROBE_PATH`, its own
+    sequence numbers): the sender's acceptance, the receiver's wait and its return."""
+    common = (PROBE_PATH, times.link, times.direction)
+    if times.sent:
+        return [MessageStamp("send", *common, k, t, nbytes=times.nbytes) for k, t in enumerate(times.sent)]
+    return [
+        MessageStamp("recv", *common, k, NAN, w, r, times.nbytes)
+        for k, (w, r) in enumerate(zip(times.waited, times.returned, strict=True))
+    ]
 
 
 class StepExchange:

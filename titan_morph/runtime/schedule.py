@@ -17,7 +17,10 @@ the iteration boundary of §6.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -28,15 +31,16 @@ import torch.distributed as dist
 from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
 from titan_morph.comm.clock import sync_clock
+from titan_morph.comm.recorded import probe_train
 from titan_morph.comm.scope import use_transport
-from titan_morph.comm.transport import Handle, TorchTransport, Transport
+from titan_morph.comm.transport import Handle, RateProbeable, TorchTransport, Transport
 from titan_morph.monitor.adapt import Change, Monitor
 from titan_morph.monitor.attribution import Attribution, Measured, StragglerCosts
-from titan_morph.monitor.profile import StepProfile
+from titan_morph.monitor.profile import PROBE_PATH, MessageStamp, StepProfile
 from titan_morph.pipelining.model import Plan, validate_orders
 from titan_morph.pipelining.simulate import simulate
 from titan_morph.runtime.actions import to_actions
-from titan_morph.runtime.exchange import PlanMismatchError, StepExchange, step_profile
+from titan_morph.runtime.exchange import PlanMismatchError, StepExchange, probe_stamps, step_profile
 from titan_morph.runtime.metrics import (
     MetricsSource,
     TimelineRenderer,
@@ -113,6 +117,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
             count follows it from step to step, its plan re-made by the monitor (None: N stays).
         max_microbatches: the most microbatches a step may run here (the stages' per-microbatch
             buffers are made for that many; None: ``n_microbatches``).
+        profiles_file: where pipeline rank 0 appends each step's exchanged profiles (JSON lines;
+            "": nowhere).
     """
 
     def __init__(
@@ -133,6 +139,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         summary_window: tuple[int, int] | None = None,
         replicas: ReplicaSplit | None = None,
         max_microbatches: int | None = None,
+        profiles_file: str = "",
         **kwargs: Any,
     ) -> None:
         per_rank = plan.model.stages_per_rank
@@ -189,6 +196,9 @@ class MorphSchedule(_PipelineScheduleRuntime):
                 raise RuntimeError("MorphSchedule: torch.distributed has no default process group")
             exchange = StepExchange(group, self.max_microbatches, per_rank)
         self._exchange = exchange
+        self._group = group
+        self._profiles_file = profiles_file
+        self._rate_probes: list[MessageStamp] = []  # this rank's side of the last rate probes
         self._timeline = TimelineRenderer()
         # what each straggler costs: measured on the logging (last) stage only, simulated after the
         # step's grad-norm all-reduce, in the slack before the last stage's first input arrives
@@ -303,6 +313,15 @@ class MorphSchedule(_PipelineScheduleRuntime):
         if att is not None and att.step == rec.step + 1:
             out.update({f"morph/straggler_cost_ms/{cause}": ms for cause, ms in att.costs.items()})
             out["morph/attribution_ms"] = att.took_ms
+        if self.monitor is not None and self._is_last and self.transport.links is None and self.profiles:
+            # the real links as the monitor measured them: the running plan simulated on them, and
+            # the least any schedule could take there
+            modelled = self.monitor.modelled_ms(self.plan, self._predicted_depth())
+            if modelled is not None:
+                out["morph/modelled_ms"] = modelled
+            bound = bound_ms(self.plan, self.monitor.floor_links(), rec.step + 1, self.profiles[0].start_ms)
+            if bound is not None:
+                out["morph/bound_ms"] = bound
         if self.predict and self._is_last and self.profiles:
             predicted = predicted_ms(
                 self.plan, self.transport.links, self._predicted_depth(), rec.step + 1, self.profiles[0].start_ms
@@ -311,7 +330,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
                 out["morph/predicted_ms"] = predicted
             bound = bound_ms(self.plan, self.transport.links, rec.step + 1, self.profiles[0].start_ms)
             if bound is not None:
-                out["morph/bound_ms"] = bound
+                out.setdefault("morph/bound_ms", bound)  # real links: the measured ones' bound (above)
         return out
 
     def _predicted_depth(self) -> int | None:
@@ -425,10 +444,15 @@ class MorphSchedule(_PipelineScheduleRuntime):
         t0 = time.monotonic()
         epoch = self.transport.epoch
         prof = step_profile(record, self._stage_index, epoch)
+        prof.messages += self._rate_probes  # the trains run after the last step (they describe its links)
+        self._rate_probes = []
         t_sent = time.monotonic()
         prof.sent_ms = (t_sent - epoch) * 1e3
         self.profiles = self._exchange.gather(prof)
         t_gathered = time.monotonic()
+        if self._profiles_file and self._stage_index == 0:
+            with open(self._profiles_file, "a") as out:
+                out.write(json.dumps([dataclasses.asdict(p) for p in self.profiles]) + "\n")
         # Waiting for the last stage to finish its step is not this work's cost (TorchTitan's
         # grad-norm all-reduce waits for it anyway): count the exchange from the last arrival.
         last_in = max(p.sent_ms for p in self.profiles)
@@ -440,6 +464,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
                 self._apply(change)
         if self.replicas is not None and self.replicas.last is not None:
             self._rebalance(self.replicas)
+        if self.monitor is not None:
+            self._rate_probes = self._probe_rates(self.monitor.probes_due(), record.step)
         slow = self.monitor.detector.slow_links if self.monitor is not None else ()
         self.history.append(
             StepPoint(
@@ -458,6 +484,42 @@ class MorphSchedule(_PipelineScheduleRuntime):
             if measured is not None:
                 self._costs_due = (measured, ran, depth, pipeline_ms(self.profiles, self.pp_group_size))
         self.monitor_ms = (t_sent - t0 + time.monotonic() - t_gathered) * 1e3 + exchange_ms
+
+    def _probe_rates(self, due: tuple[int, ...], step: int) -> list[MessageStamp]:
+        """Run this rank's side of the rate probes the monitor asked for
+        (:func:`~titan_morph.comm.recorded.probe_train`), links in order, each forward then backward,
+        with messages of the link's median size this step; their stamps go into the next step's profile."""
+        transport, exchange, me, group = self.transport, self._exchange, self._stage_index, self._group
+        if not due or exchange is None or group is None or not isinstance(transport, RateProbeable):
+            return []
+        out: list[MessageStamp] = []
+        for link in due:
+            path = transport.rate_probe_path(link) if me in (link, link + 1) else None
+            if path is None:
+                continue
+            for direction, sender in (("fwd", link), ("bwd", link + 1)):
+                sizes = [
+                    m.nbytes
+                    for p in self.profiles
+                    for m in p.messages
+                    if m.link == link and m.direction == direction and m.nbytes > 0 and m.path != PROBE_PATH
+                ]
+                if not sizes:
+                    continue
+                peer = link + 1 if me == link else link
+                times = probe_train(
+                    path,
+                    group,
+                    link=link,
+                    direction=direction,
+                    peer=dist.get_global_rank(group, peer),
+                    send=me == sender,
+                    nbytes=int(statistics.median(sizes)),
+                    timeout_s=exchange.timeouts.for_step(step + 1),
+                    now_ms=transport.now_ms,
+                )
+                out += probe_stamps(times)
+        return out
 
     def _apply(self, change: Change) -> None:
         """Install a monitor decision on this rank (every rank makes the same one)."""

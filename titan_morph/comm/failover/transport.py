@@ -57,7 +57,7 @@ from titan_morph.comm.failover.stall import STALL_FRACTION, StallWatch
 from titan_morph.comm.pairs import LinkGroups
 from titan_morph.comm.records import MessageRecord, close_at_exit
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
-from titan_morph.comm.transport import Handle, Transport, group_by_link
+from titan_morph.comm.transport import P2P, Handle, RateProbeable, Transport, group_by_link
 from titan_morph.pipelining.links import LinkModel
 
 __all__ = ["PATH_ERRORS", "FailoverTransport"]
@@ -177,6 +177,13 @@ class FailoverTransport(Transport):
         """Move ``links`` that :meth:`switch` delegated back to the default path (a recovered straggler);
         call between steps on every rank. Directions moved by a failure stay until probes succeed."""
         self.router.restore(links)
+
+    def rate_probe_path(self, link: int) -> P2P | None:
+        """The primary's path of ``link`` while the link is on it (a delegated link's messages
+        take the delegates, which stamp arrivals themselves)."""
+        if link in self.delegated() or not isinstance(self.primary, RateProbeable):
+            return None
+        return self.primary.rate_probe_path(link)
 
     def records(self) -> list[MessageRecord]:
         """Snapshot (copies) of the primary's and the delegate's message records; see ``path``."""
