@@ -157,8 +157,8 @@ def test_a_held_rate_tells_a_bursts_queue_from_latency_where_its_gaps_give_no_ra
     assert wire.assumed_rate and wire.queued_seqs == (1, 2, 3, 4, 5)
     assert known.delay_ms == pytest.approx(30.0)
     assert wire.transmit_ms == pytest.approx(TAU)  # the wire's rate stands (the probe's)
-    assert wire.loaded_transmit_ms == pytest.approx(30.0)  # what the queue met: the median gap
-    assert known.direction_wire_ms()["fwd"] == pytest.approx((0.0, 30.0))  # the link model's
+    assert wire.loaded_transmit_ms == pytest.approx(37.8)  # what the queue met: the mean gap
+    assert known.direction_wire_ms()["fwd"] == pytest.approx((0.0, 37.8))  # the link model's
     book = RateProbes(1)
     book.take(1, [known])
     assert book.due(1, [known], [LinkState(slow=True)], 5.0) == (0,)  # an assumed rate is no measurement

@@ -41,6 +41,7 @@ __all__ = ["WireEstimate", "WireTiming", "estimate_wire", "mbps"]
 INLIER_SPREAD = 0.2  # a transmit sample agrees with the median within 20 % (or the jitter floor)
 EXPLAINED = 0.75  # the share of a step's messages the fitted wire must predict
 MAX_SPAN = 8  # transmit samples pair arrivals at most this many messages apart
+LOADED_CAP = 3.0  # a queued gap beyond this many transmit times at the known rate is a stall, not the wire
 
 
 def mbps(nbytes: float, transmit_ms: float) -> float:
@@ -246,25 +247,32 @@ def estimate_wire(
 def _at_known_rate(
     msgs: Sequence[WireTiming], per_byte_ms: float, floor_ms: float, unidentified: WireEstimate
 ) -> WireEstimate:
-    """The FIFO wire at a given rate: a message accepted before its predecessor left the wire (its
-    arrival less the latency) queued, and its wait is not a delay. The queued messages' arrival gaps
-    give the transmit time they met (the median per byte, never below the given rate's): on a
-    link whose two directions share their queues with each other's acknowledgements it exceeds the
-    rate's while the reverse direction is busy. The latency is the other messages' median cost less
-    that transmit time. Two passes, starting from the least cost at the given rate (a message that
-    found the wire idle). The costs of queued messages are left out of ``costs_ms``."""
+    """The FIFO wire at a given rate: a message accepted before its predecessor left the wire
+    queued, and its wait is not a delay. Left the wire: arrived, less the least latency any message
+    of the step shows at that rate (a larger estimate would call queued messages idle, and their
+    waits would feed the latency back). The queued messages' arrival gaps give the transmit time
+    they met (their mean per byte, never below the given rate's): on a link whose two directions
+    share their queues with each other's acknowledgements it exceeds the rate's while the reverse
+    direction is busy. The latency is the idle messages' median cost less that transmit time (a
+    message whose predecessor's arrival is unknown is neither). The costs of queued messages are
+    left out of ``costs_ms``."""
     net = [m.arrived - m.sent - per_byte_ms * m.nbytes for m in msgs]
-    latency, queued, loaded = max(0.0, min(net)), set[int](), per_byte_ms
-    for _ in range(2):
-        queued = {
-            k
-            for k in range(1, len(msgs))
-            if msgs[k].seq == msgs[k - 1].seq + 1 and msgs[k - 1].arrived - latency - msgs[k].sent > floor_ms
-        }
-        gaps = [(msgs[k].arrived - msgs[k - 1].arrived) / msgs[k].nbytes for k in sorted(queued)]
-        loaded = max(per_byte_ms, statistics.median(gaps)) if len(gaps) >= 2 else per_byte_ms
-        idle = [m.arrived - m.sent - loaded * m.nbytes for k, m in enumerate(msgs) if k not in queued]
-        latency = max(0.0, statistics.median(idle))
+    least = max(0.0, min(net))
+    queued = {
+        k
+        for k in range(1, len(msgs))
+        if msgs[k].seq == msgs[k - 1].seq + 1 and msgs[k - 1].arrived - least - msgs[k].sent > floor_ms
+    }
+    # the queue drains at the gaps' mean (a sum of transmit times), a stall of the host beyond
+    # LOADED_CAP transmit times left out
+    gaps = [(msgs[k].arrived - msgs[k - 1].arrived) / msgs[k].nbytes for k in sorted(queued)]
+    gaps = [g for g in gaps if g <= LOADED_CAP * per_byte_ms]
+    loaded = max(per_byte_ms, statistics.fmean(gaps)) if len(gaps) >= 2 else per_byte_ms
+    # idle: the step's first message and those accepted after their (known) predecessor left; one
+    # whose predecessor's arrival is unknown may have waited behind it, and tells nothing
+    chained = [k == 0 or msgs[k].seq == msgs[k - 1].seq + 1 for k in range(len(msgs))]
+    idle = [m.arrived - m.sent - loaded * m.nbytes for k, m in enumerate(msgs) if k not in queued and chained[k]]
+    latency = max(0.0, statistics.median(idle)) if idle else least
     typical = unidentified.typical_bytes
     transmit = per_byte_ms * typical
     return WireEstimate(
