@@ -382,7 +382,6 @@ def host_gaps_ms(profiles: Sequence[StepProfile]) -> list[float]:
     out = []
     for prof in profiles:
         ops = sum(n for _, n in prof.compute.values())
-        busy = sum(total for total, _ in prof.compute.values())
         spans = sorted(
             (m.t2, m.t3)
             for m in prof.messages
@@ -394,6 +393,6 @@ def host_gaps_ms(profiles: Sequence[StepProfile]) -> list[float]:
             if hi > lo:
                 waited += hi - lo
                 until = hi
-        free = prof.end_ms - prof.start_ms - busy - waited - prof.blocked_ms
+        free = prof.end_ms - prof.start_ms - prof.busy_ms - waited - prof.blocked_ms
         out.append(max(0.0, free / ops) if ops else 0.0)
     return out

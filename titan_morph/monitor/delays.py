@@ -78,13 +78,10 @@ class LinkEstimate:
     @property
     def latency_ms(self) -> float | None:
         """The latency without the transmit time, where a rate was measured (the larger over
-        directions); None: only the delays (latency + transmit) are known. When only a probe
-        measured the rate, each direction's pipeline messages give their idle cost less the
-        transmit time: the latency they meet in the pipeline, reverse traffic included."""
-        if self.measured_by_probe:
-            found = list(self.direction_latency_ms().values())
-        else:
-            found = [w.latency_ms for w in self._identified() if w.latency_ms is not None]
+        directions); None: only the delays (latency + transmit) are known. With a probe's rate the
+        pipeline's wires were read at it (:func:`estimate_links`): their latency is the one they
+        meet in the pipeline, reverse traffic included."""
+        found = [w.latency_ms for w in self._identified() if w.latency_ms is not None]
         return max(found) if found else None
 
     def direction_latency_ms(self) -> dict[str, float]:
@@ -94,21 +91,16 @@ class LinkEstimate:
 
     def direction_wire_ms(self) -> dict[str, tuple[float, float]]:
         """Per direction, (latency, transmit time) of this step's pipeline messages: the wire's own
-        where a rate is known (the transmit time queued messages met,
-        :attr:`~titan_morph.monitor.bandwidth.WireEstimate.model_transmit_ms`); else, with a probe's
-        rate (:attr:`probed`), the median cost less its transmit time; else the median cost as
-        latency and no transmit time (the delay-only reading). Directions without exact samples are
-        left out."""
+        where a rate is known, its own or a probe's (the transmit time queued messages met,
+        :attr:`~titan_morph.monitor.bandwidth.WireEstimate.model_transmit_ms`); else the median cost
+        as latency and no transmit time (the delay-only reading). Directions without exact samples
+        are left out."""
         out: dict[str, tuple[float, float]] = {}
-        probe_per_byte = self.probed.per_byte_ms if self.probed is not None else None
         for (path, direction), w in sorted(self.wires.items()):
             if path == PROBE_PATH or not w.costs_ms:
                 continue
             if w.identified and w.latency_ms is not None and w.model_transmit_ms is not None:
                 found = (w.latency_ms, w.model_transmit_ms)
-            elif probe_per_byte is not None and w.typical_bytes > 0:
-                tau = probe_per_byte * w.typical_bytes
-                found = (max(0.0, statistics.median(w.costs_ms) - tau), tau)
             else:
                 found = (statistics.median(w.costs_ms), 0.0)
             old = out.get(direction)
