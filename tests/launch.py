@@ -34,6 +34,7 @@ from titan_morph.comm.machine.system import cmdline, pids, state
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "train_configs" / "debug_cpu.toml"
 LOSS_TAG = "loss_metrics/global_avg_loss"
+GRAD_NORM_TAG = "grad_norm"
 TPS_TAG = "throughput(tps)"
 PG_TIMEOUT_S = 15.0
 
@@ -180,6 +181,18 @@ class RunResult:
 
     def losses(self) -> dict[int, float]:
         return self.scalars(LOSS_TAG)
+
+
+def assert_same_training(got: RunResult, ref: RunResult, what: str, steps: int) -> None:
+    """Per step 1..``steps``, the loss and the grad norm of ``got`` equal ``ref``'s (rel 1e-5): the
+    same gradients, whatever plans, paths or splits ``got`` ran."""
+    import pytest
+
+    for tag in (LOSS_TAG, GRAD_NORM_TAG):
+        want, have = ref.scalars(tag), got.scalars(tag)
+        assert sorted(want) == sorted(have) == list(range(1, steps + 1)), f"{what}: {tag} per step: {have}"
+        for step, value in want.items():
+            assert have[step] == pytest.approx(value, rel=1e-5), f"{what}, step {step}: {tag} {have[step]} vs {value}"
 
 
 def launch(

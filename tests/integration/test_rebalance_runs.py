@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from tests.launch import REPO, RunResult, check_like_run_train, launch
+from tests.launch import REPO, RunResult, assert_same_training, check_like_run_train, launch
 from titan_morph.integration.supervisor import torchrun_command
 
 CONFIG = REPO / "train_configs" / "hybrid_cpu.toml"
@@ -88,9 +88,7 @@ def test_slow_rank_moves_microbatches_and_back_with_the_undisturbed_losses(undis
         80
     )
     assert "replica 1 runs" in out or "replica 0 runs" in out
-    got, ref = _losses(result), _losses(undisturbed)
-    for step, loss in ref.items():
-        assert got[step] == pytest.approx(loss, rel=1e-5), f"step {step}: rebalanced {got[step]} vs undisturbed {loss}"
+    assert_same_training(result, undisturbed, "rebalanced", STEPS)
     no_leftovers(tmp_path)
 
 
@@ -99,9 +97,7 @@ def test_a_run_started_uneven_trains_to_the_same_losses(undisturbed, tmp_path, n
     fixed = ("--morph.replica_microbatches", "3,13", "--morph.rebalance_microbatches", "false")
     result = _run(tmp_path / "fixed", *fixed)
     assert set(result.scalars(f"{SPLIT}1").values()) == {13.0}
-    got, ref = _losses(result), _losses(undisturbed)
-    for step, loss in ref.items():
-        assert got[step] == pytest.approx(loss, rel=1e-5), f"step {step}: 3/13 split {got[step]} vs even {loss}"
+    assert_same_training(result, undisturbed, "3/13 split", STEPS)
     no_leftovers(tmp_path)
 
 
@@ -131,9 +127,7 @@ def test_a_topology_move_then_a_rebalance_in_one_job(undisturbed, tmp_path, no_l
     zeros = result.scalars(f"{SPLIT}0")
     assert zeros[STEPS] < 8 and result.scalars(f"{SPLIT}1")[STEPS] == 16 - zeros[STEPS], zeros
     assert "-> replica 0 runs" in out or "-> replica 1 runs" in out
-    got, ref = _losses(result), _losses(undisturbed)
-    for step, loss in ref.items():
-        assert got[step] == pytest.approx(loss, rel=1e-5), f"step {step}: {got[step]} vs undisturbed {loss}"
+    assert_same_training(result, undisturbed, "moved, then rebalanced", STEPS)
     no_leftovers(tmp_path)
 
 

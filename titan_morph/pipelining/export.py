@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .model import KINDS, Op, Order, Plan
+from .model import KINDS, Op, Order, Plan, validate_orders
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .links import LinkModel
@@ -66,7 +66,10 @@ def csv_rows(plan_or_orders: PlanOrOrders) -> list[list[str]]:
 
 
 def write_csv(plan_or_orders: PlanOrOrders, path: str | Path) -> Path:
-    """Write torch's compute-only CSV (what ``_load_csv(path, "compute_only")`` reads); returns the path."""
+    """Write torch's compute-only CSV (what ``_load_csv(path, "compute_only")`` reads); returns the path.
+    A :class:`Plan` is checked first against what torch's runtime needs (:func:`model.validate_orders`)."""
+    if isinstance(plan_or_orders, Plan):
+        validate_orders(plan_or_orders.model, plan_or_orders.orders)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as fh:

@@ -21,6 +21,10 @@ Conventions (shared by every module, keep them stable):
   ``s``; ``W[s,m]`` needs ``I[s,m]`` done. A rank runs one operation at a time; its order
   interleaves the ops of its stages (ops then carry their stage: ``Op("F", 3, 5)`` prints ``5F3``,
   torch's action notation). Per microbatch a stage runs either a fused ``B`` or ``I`` and ``W``.
+* torch's runtime files the last stage's losses (and outputs) in the order its forwards run and
+  reads microbatch m's loss at position m, so a plan runs that stage's forwards in microbatch
+  order (:func:`validate_orders`). Microbatches have equal costs, so any order can be renamed into
+  one that does at no cost (:func:`relabel_microbatches`).
 * Memory: ``memory[r]`` bounds the microbatches whose ``F`` has started on a stage of rank ``r``
   and whose ``I`` (or ``B``) has not finished, summed over the rank's stages. Because a rank is
   sequential this is a property of the order alone: every prefix of the order ending in an ``F``
@@ -323,13 +327,15 @@ def warmup_counts(model: CostModel, orders: Sequence[Sequence[Op]]) -> tuple[int
     return tuple(warmup_count(orders[model.rank_of(s)], s) for s in range(model.stages))
 
 
-def validate_orders(model: CostModel, orders: Sequence[Sequence[Op]]) -> None:
+def validate_orders(model: CostModel, orders: Sequence[Sequence[Op]], *, runnable: bool = True) -> None:
     """Check every rank's order: each op of its stages exactly once and within its memory budget.
 
     Per stage and microbatch: one ``F`` and either one fused ``B`` or one ``I`` then one ``W``, in
-    that order. With one stage per rank ops may omit their stage; in the V they must name it.
-    Cross-rank feasibility (deadlock) is the simulator's job. Raises ``ValueError`` naming the rank
-    (and stage) and the offending ops.
+    that order. With one stage per rank ops may omit their stage; in the V they must name it. With
+    ``runnable`` (default) also torch's runtime contract: the last stage's forwards in microbatch
+    order (module docstring); ``runnable=False`` checks the structure alone (orders that are only
+    timed). Cross-rank feasibility (deadlock) is the simulator's job. Raises ``ValueError`` naming
+    the rank (and stage) and the offending ops, in one line.
     """
     v = model.stages_per_rank > 1
     if len(orders) != model.ranks:
@@ -378,6 +384,35 @@ def validate_orders(model: CostModel, orders: Sequence[Sequence[Op]]) -> None:
             raise ValueError(
                 f"{where}: {peak} microbatches in flight exceeds the memory budget M_{r} = {model.budget(r)}"
             )
+    if runnable:
+        seen = last_stage_forwards(model, orders)
+        for a, b in zip(seen, seen[1:]):
+            if b < a:
+                last = model.stages - 1
+                where = f"rank {model.rank_of(last)} stage {last}" if v else f"stage {last}"
+                raise ValueError(
+                    f"{where} (the last): F{b} runs after F{a}, but torch's runtime needs the last stage's"
+                    " forwards in microbatch order (relabel_microbatches renames them at no cost)"
+                )
+
+
+def last_stage_forwards(model: CostModel, orders: Sequence[Sequence[Op]]) -> list[int]:
+    """The microbatches of the last stage's forwards, in the order its rank runs them."""
+    last = model.stages - 1
+    rank = model.rank_of(last)
+    return [op.mb for op in orders[rank] if op.kind == "F" and (rank if op.stage is None else op.stage) == last]
+
+
+def relabel_microbatches(model: CostModel, orders: Sequence[Sequence[Op]]) -> tuple[Order, ...]:
+    """The same schedule with microbatch ``m`` renamed to its position among the last stage's
+    forwards, which then run in microbatch order (torch's contract, :func:`validate_orders`).
+    Microbatches have equal costs, so every timing is unchanged; orders already in that form are
+    returned as they are."""
+    seen = last_stage_forwards(model, orders)
+    if seen == sorted(seen):
+        return tuple(tuple(order) for order in orders)
+    rename = {m: k for k, m in enumerate(seen)}
+    return tuple(tuple(Op(op.kind, rename.get(op.mb, op.mb), op.stage) for op in order) for order in orders)
 
 
 @dataclass(frozen=True)

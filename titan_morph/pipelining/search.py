@@ -65,7 +65,7 @@ from typing import Any
 from .baselines import plain_codes, split_codes, warmup_for
 from .generate import REFILL
 from .links import LinkModel
-from .model import CostModel, Op, Plan, validate_orders, warmup_counts
+from .model import CostModel, Op, Plan, relabel_microbatches, validate_orders, warmup_counts
 from .search_knobs import UNIFORM_POLICIES, V_UNIFORM_POLICIES, knob_worker, needs
 from .search_score import Knobs, Objective, SearchState
 from .search_tabu import tabu_worker
@@ -237,7 +237,7 @@ def search_detailed(
     seed_scores: dict[str, float] = {}
     extra: list[tuple[str, list[list[Code]]]] = []
     for name, orders in extra_orders or ():
-        validate_orders(model, orders)
+        validate_orders(model, orders, runnable=False)
         extra.append((name, to_codes(orders, model)))
     for name, codes in _baseline_seeds(objective) + extra:
         score = objective.orders(codes)
@@ -271,7 +271,8 @@ def search_detailed(
         turn += 1
 
     assert state.best_codes is not None
-    orders = from_codes(state.best_codes, model)
+    # the tabu moves may reorder the last stage's forwards: rename the microbatches (same timing)
+    orders = relabel_microbatches(model, from_codes(state.best_codes, model))
     validate_orders(model, orders)
     plan_model = model if scenarios is None else model.with_delays(vectors[0])
     name = "pipemorph" if model.stages_per_rank == 1 else "pipemorph-v"

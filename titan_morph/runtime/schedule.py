@@ -22,7 +22,7 @@ import json
 import logging
 import statistics
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -189,6 +189,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self._current: StepRecord | None = None
         self._blocked_seen: dict[int, float] = {}
         self._produced_at: float | None = None
+        self._planned_ops: Counter[tuple[int, str, int]] = Counter()  # this rank's ops in a step of the plan
+        self._ran_ops: Counter[tuple[int, str, int]] = Counter()  # and those the step ran
         self._stage_index = stage.group_rank  # this rank's row in the exchange
         self._is_last = any(st.is_last for st in stages)  # in the V the last stage runs on rank 0
         if exchange is None and distributed:
@@ -232,13 +234,17 @@ class MorphSchedule(_PipelineScheduleRuntime):
                 f"plan is for S={model.stages} stages on {model.ranks} ranks, N={model.microbatches}; this"
                 f" schedule runs S={self._num_stages} on {self.pp_group_size} ranks, N={self._n_microbatches}"
             )
+        # Before anything runs: every op of every stage once, in an order torch's runtime executes
+        # correctly (ValueError), and orders the ranks can complete together (DeadlockError).
         validate_orders(model, plan.orders)
+        planned = simulate(model, plan.orders, depth=self.planned_depth)
         if check and self._exchange is not None:
             self._exchange.agree(plan.plan_id)
         actions = to_actions(plan)
         self.pipeline_order = {rank: list(acts) for rank, acts in actions.items()}
         self._prepare_schedule_with_comms({rank: list(acts) for rank, acts in actions.items()})
-        planned = simulate(model, plan.orders, depth=self.planned_depth)
+        me = self.rank
+        self._planned_ops = Counter((me if op.stage is None else op.stage, op.kind, op.mb) for op in plan.orders[me])
         self.planned_makespan_ms, self.planned_bubble_rate = planned.makespan, planned.mean_bubble_rate
         previous, self.plan = self.plan, plan
         if previous is not plan and previous.plan_id != plan.plan_id:
@@ -388,6 +394,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
                 op_kind = kind
                 if name == "backward_one_chunk" and not kwargs.get("full_backward", True):
                     op_kind = "I"
+                self._ran_ops[(stage.stage_index, op_kind, mb_index)] += 1
                 span = timer.end(token, op_kind, mb_index, stage.stage_index)
                 if span is not None:
                     self._add_span(rec, span)
@@ -417,6 +424,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         self._current = record
         record.op_clock = self.op_timer.clock
         self.op_timer.start_step()
+        self._ran_ops.clear()
         start = time.monotonic()
         try:
             with use_transport(_TimedSends(self)):
@@ -424,6 +432,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         finally:
             self._current = None
         end = time.monotonic()
+        self._check_ran(record.step + 1)
         for span in self.op_timer.collect():  # a deferred clock's spans (CUDA: the step before's ops)
             self._add_span(record, span)
         record.start_s = start
@@ -438,6 +447,21 @@ class MorphSchedule(_PipelineScheduleRuntime):
             self._after_step(record)
         record.messages = []  # consumed: keep the step records small
         return out
+
+    def _check_ran(self, step: int) -> None:
+        """Stop the step, before its gradients are used, unless this rank ran exactly the ops of the
+        plan: each F, I/B and W of its stages once per microbatch."""
+        ran, planned = self._ran_ops, self._planned_ops
+        if ran == planned:
+            return
+        wrong = sorted(op for op in planned.keys() | ran.keys() if ran[op] != planned[op])
+        stage, kind, mb = wrong[0]
+        more = f" (and {len(wrong) - 1} more op(s) differ)" if len(wrong) > 1 else ""
+        raise RuntimeError(
+            f"titan_morph: pipeline rank {self.rank}, step {step}, plan {self.plan.plan_id}: stage {stage} ran"
+            f" {stage}{kind}{mb} {ran[(stage, kind, mb)]} time(s), the plan {planned[(stage, kind, mb)]}{more}:"
+            " the step's gradients are not those of the plan"
+        )
 
     def _after_step(self, record: StepRecord) -> None:
         assert self._exchange is not None
