@@ -35,6 +35,8 @@ def test_detect_replan_delegate_and_recover(tmp_path, no_leftovers):
         "2",
         "--morph.recover_consecutive",
         "2",
+        "--morph.control_groups",
+        "separate",  # the exchange on a group of its own, as on NCCL: the decisions below hold there too
         steps=steps,
     )
     no_leftovers(tmp_path / "adapt")

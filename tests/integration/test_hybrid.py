@@ -97,6 +97,8 @@ def test_slow_dp_pair_is_moved_and_losses_equal_the_undisturbed_run(seed, undist
         "40",
         "--morph.detect_consecutive",
         "2",
+        "--morph.control_groups",
+        "separate",  # the control plane on groups of its own, as on NCCL: the same decisions
     )
     result = _run(tmp_path / "run", 4, *SMALL, *seed, *slow, timeout_s=400)
     out = result.output

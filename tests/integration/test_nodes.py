@@ -203,6 +203,11 @@ BAD_RUNS = {
         [],
         "error: morph.orchestrator: 'pp' moves ranks by relaunching the job, which ./run_train.sh does on one node",
     ),
+    "partition-auto": (
+        TWO_NODES,
+        ["--checkpoint.enable", "--morph.partition", "auto"],
+        "error: morph.partition: 'auto' moves layers by relaunching the job, which ./run_train.sh does on one node",
+    ),
 }
 
 

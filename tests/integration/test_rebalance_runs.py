@@ -2,7 +2,9 @@
 on 4 gloo ranks, the synthetic testbed, N = 8 per replica, the topology orchestrator on).
 
 * rank 3 (stage 1 of replica 1) computes twice as slow from step 4 to 8: the split moves to uneven,
-  returns to even after the straggler's end, and the losses equal the undisturbed run's;
+  returns to even after the straggler's end, and the losses and grad norms equal the undisturbed
+  run's; its control plane talks on groups of its own (``control_groups = "separate"``, an NCCL
+  job's path), the undisturbed run's on the job's;
 * the undisturbed run never rebalances; a run started uneven (``replica_microbatches``) trains to
   the same losses; under ``partition = "auto"`` the replicas keep their layers, microbatches move;
 * (slow) a topology move and then a rebalance in one job, losses the undisturbed run's;
@@ -72,7 +74,8 @@ def test_undisturbed_run_never_rebalances(undisturbed, no_leftovers):
 
 
 def test_slow_rank_moves_microbatches_and_back_with_the_undisturbed_losses(undisturbed, tmp_path, no_leftovers):
-    result = _run(tmp_path / "slow", *SLOW)
+    # the control plane on groups of its own, as on NCCL (the undisturbed run: on the job's own)
+    result = _run(tmp_path / "slow", *SLOW, "--morph.control_groups", "separate")
     ones, zeros = result.scalars(f"{SPLIT}1"), result.scalars(f"{SPLIT}0")
     # the split after each step (the next step runs it): uneven from the detection (2 slow steps from
     # step 4: step 5 at the earliest) until 2 steps after the straggler's end read healthy (step 10 on a

@@ -5,7 +5,9 @@ The clock estimate and the per-step exchange carry a few hundred floats; on GPUs
 is NCCL, which needs device tensors, so they run on a gloo group over the same ranks, made once per
 pipeline group and reused. With ``[morph] host_ifnames`` that group is bound to the host interface
 (a new group even when the pipeline group is gloo), so this control traffic never shares the data
-NIC with the pipeline's default path (paper §5: host-side traffic on its own NIC).
+NIC with the pipeline's default path (paper §5: host-side traffic on its own NIC). A CPU job can
+take the GPU jobs' path on purpose (:func:`separate_control_groups`, ``[morph] control_groups =
+"separate"``): then every such group is new, also where the job's own group is gloo.
 
 A group made here waits as long as TorchTitan's ``[comm]`` timeouts allow (init_s when made,
 train_s once :func:`step_timeout` sees step 2), not torch's 30-minute default: TorchTitan shortens
@@ -43,6 +45,7 @@ __all__ = [
     "gather_rows",
     "gloo_options",
     "interface_address",
+    "separate_control_groups",
     "step_timeout",
 ]
 
@@ -57,6 +60,14 @@ _SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 
 # Module-level: making a group is collective, so every caller on this rank must share the one made.
 _cpu_groups: dict[tuple[str, str], dist.ProcessGroup] = {}
+_separate = False  # every control-plane group a new gloo group (:func:`separate_control_groups`)
+
+
+def separate_control_groups(on: bool) -> None:
+    """Whether :func:`cpu_group` makes a new gloo group also for a group that is gloo already (the
+    path an NCCL job takes); set once per process, before the first group is asked for."""
+    global _separate
+    _separate = on
 
 
 def check_interface(name: str, setting: str) -> None:
@@ -110,10 +121,11 @@ def _gloo_interface(interface: str) -> Iterator[None]:
 def cpu_group(
     group: dist.ProcessGroup, interface: str = "", timeouts: CommTimeouts = DEFAULT_TIMEOUTS
 ) -> dist.ProcessGroup:
-    """``group`` itself when it runs on gloo and no ``interface`` is asked, else a gloo group over
-    the same ranks, bound to ``interface`` when one is given (members only; made on first use and
-    cached, so every caller on this rank shares it), its collectives bounded by ``timeouts.init_s``."""
-    if not interface and dist.get_backend(group) == "gloo":
+    """``group`` itself when it runs on gloo, no ``interface`` is asked and the control groups are
+    not kept apart (:func:`separate_control_groups`), else a gloo group over the same ranks, bound
+    to ``interface`` when one is given (members only; made on first use and cached, so every caller
+    on this rank shares it), its collectives bounded by ``timeouts.init_s``."""
+    if not interface and not _separate and dist.get_backend(group) == "gloo":
         return group
     key = (group.group_name, interface)
     cached = _cpu_groups.get(key)

@@ -16,7 +16,7 @@ from titan_morph.config.fields import Layout, fail, limit_reason
 from titan_morph.config.links import bandwidth_keys, check_trace
 
 if TYPE_CHECKING:
-    from titan_morph.config.settings import InjectSettings, JobView, MorphSettings, SyntheticSettings
+    from titan_morph.config.settings import InjectSettings, JobView, MorphSettings, Settings, SyntheticSettings
 
 __all__ = [
     "AUTO_SCHEDULES",
@@ -343,11 +343,63 @@ def _check_replicas(morph: MorphSettings, job: JobView, n: int, dp: int) -> None
         raise fail(key, shown, f"gives a replica {max(counts)} microbatches: at most {cap} (2 x N = 2 x {n})")
 
 
+def check_dp_backend(settings: Settings, backend: str) -> None:
+    """DP x PP off gloo (NCCL on GPUs), one line: the DP collectives are timed and delayed by the CPU
+    jobs' DP backend only, so the orchestrator would measure nothing and ``rank_links`` would delay
+    the pipeline but not the DP traffic. The launcher checks it when the ranks get a GPU each, a
+    rank when its default group is made."""
+    if not settings.hybrid or backend == "gloo":
+        return
+    morph = settings.morph
+    if morph.orchestrator != "off":
+        raise fail(
+            "morph.orchestrator",
+            morph.orchestrator,
+            f"moves ranks on the DP collectives' timings, which only a CPU job's DP backend records ({backend}"
+            " collectives are not timed yet): use off on GPUs",
+        )
+    if morph.inject.rank_links:
+        raise fail(
+            "morph.inject.rank_links",
+            ",".join(f"{a}-{b}" for a, b in morph.inject.rank_links),
+            f"delays DP collectives on gloo only (CPU): the {backend} DP groups would not wait; on GPUs use"
+            " per-link delays_ms",
+        )
+
+
+def _check_reshard(morph: MorphSettings, job: JobView, dp: int) -> None:
+    """FSDP's ``always`` all-gathers a stage's parameters for each forward and backward, as many as
+    the stage's op order has (a forward after a forward, a backward after a forward): replicas that
+    run other microbatch counts or other plans would issue other numbers of collectives and hang."""
+    if job.fsdp_reshard_after_forward != "always" or job.pipeline_parallel_degree < 2 or dp < 2:
+        return
+    if job.schedule.lower() in TORCH_SCHEDULES:
+        return
+    replans = morph.adapt and job.schedule.lower() in ("pipemorph", "pipemorphv")  # per-pipeline plans
+    moving = morph.monitor and (morph.rebalance_microbatches or replans)
+    if morph.replica_microbatches or moving:
+        why = (
+            "morph.replica_microbatches"
+            if morph.replica_microbatches
+            else "morph.rebalance_microbatches"
+            if morph.rebalance_microbatches
+            else "morph.adapt"
+        )
+        raise fail(
+            "parallelism.fsdp_reshard_after_forward",
+            "always",
+            f"all-gathers per microbatch, so DP replicas with other microbatch counts or plans ({why}) would"
+            " issue other numbers of collectives: use default or never (one all-gather per step with PP),"
+            " or set morph.rebalance_microbatches = false and morph.adapt = false",
+        )
+
+
 def check_joined(morph: MorphSettings, job: JobView, n: int, dp: int) -> None:
     """``[morph]`` against TorchTitan's sections: the orchestrator's needs under DP x PP, the
     partition, the replicas' microbatches, and the schedules that need a microbatch per stage."""
     _check_partition(morph, job, dp)
     _check_replicas(morph, job, n, dp)
+    _check_reshard(morph, job, dp)
     stages, name = job.pipeline_parallel_degree, job.schedule
     if morph.orchestrator != "off" and stages > 1 and dp > 1:
         key, value = "morph.orchestrator", morph.orchestrator

@@ -31,10 +31,12 @@ __all__ = [
 Transport = Literal["default", "delegate", "auto"]
 Partition = Literal["even", "auto", "manual"]
 Orchestrator = Literal["off", "pp", "any"]
+ControlGroups = Literal["auto", "separate"]
 InjectMode = Literal["none", "static", "random", "trace", "break"]
 InjectDirection = Literal["both", "fwd", "bwd"]
 TRANSPORTS: tuple[str, ...] = get_args(Transport)
 ORCHESTRATORS: tuple[str, ...] = get_args(Orchestrator)
+CONTROL_GROUPS: tuple[str, ...] = get_args(ControlGroups)
 INJECT_MODES: tuple[str, ...] = get_args(InjectMode)
 INJECT_DIRECTIONS: tuple[str, ...] = get_args(InjectDirection)
 PARTITIONS: tuple[str, ...] = get_args(Partition)
@@ -336,6 +338,12 @@ class Morph:
     """DP x PP: the microbatches each data-parallel replica starts with, one count per replica, each
     >= 1 and at most 2 x N, summing to the global batch (data-parallel degree x N; N =
     local_batch_size / pipeline_parallel_microbatch_size). [] = N each (even)."""
+
+    control_groups: ControlGroups = "auto"
+    """Where the control plane talks (the per-step exchange, the detectors' data, the microbatch
+    rebalance, the orchestrator's measurements, the clock): auto (gloo groups made beside the job's
+    own on NCCL; on a CPU job its own gloo groups) | separate (new gloo groups on every backend: a
+    CPU job then takes the control path an NCCL job takes). The decisions are the same either way."""
 
     data_ifname: str = ""
     """Network interface of the default pipeline path (the per-link groups; on a GPU cluster what

@@ -48,6 +48,9 @@ class JobView:
     split: tuple[int, ...] | None = None
     """Transformer layers per stage this launch runs when a re-partition relaunched it
     (``$TITAN_MORPH_SPLIT``); None = the configured split."""
+    fsdp_reshard_after_forward: str = "default"
+    """``[parallelism] fsdp_reshard_after_forward``: ``always`` all-gathers a stage's parameters per
+    microbatch, so replicas of other microbatch counts would issue other numbers of collectives."""
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -143,6 +146,7 @@ class MorphSettings:
     dp_detect_min_ms: float
     rebalance_microbatches: bool
     replica_microbatches: tuple[int, ...]
+    control_groups: str
     data_ifname: str
     host_ifnames: str
     profiles_file: str

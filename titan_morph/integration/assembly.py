@@ -35,7 +35,6 @@ from titan_morph.config import MorphSettings, Settings
 from titan_morph.config.links import break_window, configured_message_bytes, link_model, plan_transmit
 from titan_morph.integration.cpu import shared_gpu
 from titan_morph.integration.hybrid import (
-    HybridParallelDims,
     known_link_delays,
     make_exchange,
     pipeline_hosts,
@@ -532,7 +531,7 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
         transport = monitor = None
         exchange: StepExchange | None = None
         if multi:
-            hybrid = isinstance(req.parallel_dims, HybridParallelDims)
+            hybrid = req.settings.hybrid
             clock = sync_clock(None if hybrid else req.stage.group, timeouts=timeouts)  # DP x PP: the world's
             transport = make_transport(req, clock, monitored=morph.monitor) or TorchTransport(clock.epoch)
             group, per_rank = _group_of(req.stage), plan.model.stages_per_rank

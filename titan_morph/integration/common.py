@@ -148,6 +148,7 @@ def job_view(config: TitanConfig, ranks: int | None, morph_model: bool) -> JobVi
         ranks=ranks,
         split_options=split_options(par) if morph_model else (),
         split=_split_of_env(),
+        fsdp_reshard_after_forward=str(par.fsdp_reshard_after_forward),
     )
 
 
@@ -324,9 +325,12 @@ class MorphTrainerMethods:
             super().close()  # type: ignore[misc]
 
     def init_distributed(self) -> ParallelDims:
-        """TorchTitan's ParallelDims; for DP x PP, with the DP groups on the DP backend."""
+        """TorchTitan's ParallelDims; for DP x PP on gloo, with the DP groups on the DP backend. The
+        control plane's groups are kept apart from the job's as ``[morph] control_groups`` says."""
+        from titan_morph.comm.groups import separate_control_groups
         from titan_morph.integration.hybrid import parallel_dims_for
 
+        separate_control_groups(self.morph_settings.morph.control_groups == "separate")
         return parallel_dims_for(self.morph_settings, super().init_distributed())  # type: ignore[misc]
 
     def train_step(self, data_iterator: Any) -> None:

@@ -9,14 +9,21 @@ rank_links`` are host pairs (:func:`~titan_morph.config.links.pair_delays`), app
 pipeline sends between the two hosts (the link emulator, per pipeline) and to the DP collectives
 whose ring uses the pair (:mod:`titan_morph.comm.emulator.collectives`).
 
-Mesh. :class:`HybridParallelDims` is TorchTitan's ParallelDims with the data-parallel mesh
-dimensions (:data:`DP_MESH_DIMS` and the flattened ``loss`` mesh) created on the DP backend, so
-FSDP's all-gathers and reduce-scatters, the gradient-norm and loss all-reduces all run through it;
-the pipeline and world groups stay on gloo. This needs gloo (the CPU adaptation): on GPUs the DP
-groups stay NCCL and are neither delayed nor measured. Both TorchTitan releases build their meshes
-through torch's ``_unflatten``/``_flatten`` with the same ``loss_mesh``; they differ in the names
-(0.2.2 shards over ``fsdp``, 0.3.0 over ``dp_shard`` beside the folded ``dp``) and in the fields of
-ParallelDims, which is why the names are a union and the fields are copied as the dataclass lists them.
+Mesh. On a CPU job (gloo) :class:`HybridParallelDims` is TorchTitan's ParallelDims with the
+data-parallel mesh dimensions (:data:`DP_MESH_DIMS` and the flattened ``loss`` mesh) created on the
+DP backend, so FSDP's all-gathers and reduce-scatters, the gradient-norm and loss all-reduces all
+run through it: delayed per host pair and timed, the orchestrator's measurements. That is the data
+path, and it needs gloo: on GPUs the DP groups stay NCCL, untimed, so the orchestrator and
+``rank_links`` are refused there in one line (:func:`~titan_morph.config.rules.check_dp_backend`).
+Both TorchTitan releases build their meshes through torch's ``_unflatten``/``_flatten`` with the
+same ``loss_mesh``; they differ in the names (0.2.2 shards over ``fsdp``, 0.3.0 over ``dp_shard``
+beside the folded ``dp``) and in the fields of ParallelDims, which is why the names are a union and
+the fields are copied as the dataclass lists them.
+
+Control plane. The world-wide exchange and the microbatch rebalance act on every backend: they
+talk on gloo groups made beside the job's own (:func:`~titan_morph.comm.groups.cpu_group`; on a CPU
+job its own gloo groups unless ``[morph] control_groups = "separate"``), and the replicas are the
+ranks of the stage's ``batch`` mesh (FSDP, and HSDP's replicas of shards).
 
 Moves. Every rank's :class:`~titan_morph.runtime.hybrid.HybridExchange` reaches the same
 :class:`~titan_morph.monitor.topology.Move` after the same step. The trainer then finishes that
@@ -51,6 +58,7 @@ from titan_morph.comm.emulator import collectives
 from titan_morph.comm.groups import cpu_group
 from titan_morph.config import Settings
 from titan_morph.config.links import pair_delays
+from titan_morph.config.rules import check_dp_backend
 from titan_morph.integration.relaunch import (
     can_relaunch,
     hosts_from_env,
@@ -73,8 +81,10 @@ __all__ = [
     "make_exchange",
     "parallel_dims_for",
     "pipeline_hosts",
+    "replica_mesh",
     "replica_split",
     "save_now",
+    "shard_mesh",
 ]
 
 logger = logging.getLogger(__name__)
@@ -134,20 +144,34 @@ def _dp_dims_on(backend: str) -> Iterator[None]:
 
 
 class HybridParallelDims(ParallelDims):
-    """TorchTitan's ParallelDims whose data-parallel dimensions run on the DP backend."""
+    """TorchTitan's ParallelDims whose data-parallel dimensions run on the DP backend (gloo jobs)."""
 
     def build_mesh(self) -> DeviceMesh:
         with _dp_dims_on(collectives.register()):
             return super().build_mesh()
 
-    def shard_mesh(self) -> DeviceMesh | None:
-        """This rank's FSDP shard mesh (None when sharding is off), under the release's name."""
-        for name in SHARD_MESHES:
-            try:
-                return self.get_optional_mesh(name)
-            except ValueError:  # a dimension this release does not build
-                continue
-        return None
+
+def _mesh(dims: ParallelDims, names: tuple[str, ...]) -> DeviceMesh | None:
+    """The first of the meshes ``names`` this release builds (None when none is)."""
+    for name in names:
+        try:
+            mesh = dims.get_optional_mesh(name)
+        except ValueError:  # a dimension this release does not build
+            continue
+        if mesh is not None:
+            return mesh
+    return None
+
+
+def shard_mesh(dims: ParallelDims) -> DeviceMesh | None:
+    """This rank's FSDP shard mesh (None when sharding is off), under the release's name."""
+    return _mesh(dims, SHARD_MESHES)
+
+
+def replica_mesh(dims: ParallelDims) -> DeviceMesh | None:
+    """The data-parallel ranks of this rank's stage, in the dataloader's order (both releases'
+    ``batch`` mesh: the shards of FSDP, and with HSDP its replicas of them too)."""
+    return _mesh(dims, ("batch",))
 
 
 def _init_fields(dims: ParallelDims) -> dict[str, Any]:
@@ -156,31 +180,36 @@ def _init_fields(dims: ParallelDims) -> dict[str, Any]:
 
 
 def parallel_dims_for(settings: Settings, dims: ParallelDims) -> ParallelDims:
-    """``dims`` as :class:`HybridParallelDims` for DP x PP on gloo (after configuring the DP backend
-    with the hosts and pair delays of this launch); unchanged otherwise."""
+    """For DP x PP: the hosts of this launch for every rank (the host table of the pair delays and
+    of a moved pipeline's known links), and on gloo ``dims`` as :class:`HybridParallelDims` (the DP
+    backend configured with this launch's pair delays); unchanged otherwise. Off gloo, what the DP
+    backend alone can do is refused (:func:`~titan_morph.config.rules.check_dp_backend`)."""
     if not settings.hybrid:
         return dims
-    if dist.get_backend() != "gloo":
-        if settings.morph.inject.rank_links:
-            logger.warning("titan_morph: [morph.inject] rank_links delay DP collectives only on gloo (CPU)")
-        return dims
+    backend = dist.get_backend()
+    check_dp_backend(settings, backend)
     layout = layout_of(settings)
     collectives.configure(layout.hosts, pair_delays(settings.morph.inject))
+    if backend != "gloo":
+        return dims
     return HybridParallelDims(**_init_fields(dims))
 
 
 def replica_split(settings: Settings, parallel_dims: ParallelDims | None) -> ReplicaSplit | None:
-    """This rank's replica and the microbatches of every replica, for a DP x PP run on the DP
-    backend (the world-wide exchange carries the speeds) whose counts may differ: ``[morph]
-    replica_microbatches`` given, or ``rebalance_microbatches`` with ``monitor``. None otherwise
-    (N each, as TorchTitan splits). A collective over this stage's DP ranks (their CPU group)."""
+    """This rank's replica and the microbatches of every replica, for a DP x PP run whose counts may
+    differ: ``[morph] replica_microbatches`` given, or ``rebalance_microbatches`` with ``monitor``
+    (the world-wide exchange carries the speeds). None otherwise (N each, as TorchTitan splits). A
+    collective over this stage's DP ranks (:func:`replica_mesh`) on their CPU group, any backend."""
     morph = settings.morph
     moving = morph.rebalance_microbatches and morph.monitor
-    if not isinstance(parallel_dims, HybridParallelDims) or not (moving or morph.replica_microbatches):
+    if parallel_dims is None or not settings.hybrid or not (moving or morph.replica_microbatches):
         return None
-    dp = parallel_dims.shard_mesh()
-    if dp is None or dp.size() != settings.dp_degree:  # replicated DP (HSDP) is not split here
-        return None
+    dp = replica_mesh(parallel_dims)
+    if dp is None or dp.size() != settings.dp_degree:
+        raise RuntimeError(
+            f"titan_morph: the data-parallel mesh of this stage has {dp.size() if dp else 'no'} rank(s), the"
+            f" configured degrees {settings.dp_degree}: the replicas' microbatches cannot be split"
+        )
     interface = morph.host_interfaces[0] if morph.host_interfaces else ""
     group = cpu_group(dp.get_group(), interface, settings.timeouts)
     counts = settings.replica_counts
@@ -201,14 +230,15 @@ def make_exchange(
     stages_per_rank: int = 1,
     replicas: ReplicaSplit | None = None,
 ) -> HybridExchange | None:
-    """The world-wide exchange of a DP x PP run on the DP backend (None otherwise); ``microbatches``:
-    the most a step of this pipeline may run, ``replicas``: the rebalancer it feeds."""
-    if not isinstance(parallel_dims, HybridParallelDims):
+    """The world-wide exchange of a DP x PP run, on any backend (None without DP x PP);
+    ``microbatches``: the most a step of this pipeline may run, ``replicas``: the rebalancer it
+    feeds. The DP stamps and the ring probes come from the DP backend, on gloo jobs only."""
+    if parallel_dims is None or not settings.hybrid:
         return None
     morph = settings.morph
     rule = morph.detect_rule(floor_ms=morph.dp_detect_min_ms)
     topology = TopologyMonitor(layout_of(settings), rule, morph.orchestrator, cost)
-    dp = parallel_dims.shard_mesh()
+    dp = shard_mesh(parallel_dims) if isinstance(parallel_dims, HybridParallelDims) else None
     return HybridExchange(
         pipeline_group,
         microbatches,

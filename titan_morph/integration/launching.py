@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from titan_morph.config import ConfigError, Settings
+from titan_morph.config.rules import check_dp_backend
 from titan_morph.integration.nodes import Nodes, check_interfaces, nodes_from_env
 from titan_morph.integration.supervisor import supervise_main, torchrun_args
 
@@ -71,8 +72,8 @@ def check_log_ranks(spec: str, ranks: int) -> None:
 def checked_ranks(
     settings: Settings, log_rank: str, check_shm: Callable[[], None], nodes: Nodes | None = None
 ) -> tuple[int, str]:
-    """The launch's checks against the host, in the order both releases run them (devices,
-    ``check_shm``: /dev/shm for the delegates, the network interfaces, what one node of several
+    """The launch's checks against the host, in the order both releases run them (devices, what DP x
+    PP cannot do on NCCL, ``check_shm``: /dev/shm for the delegates, the network interfaces, what one node of several
     cannot do, ``LOG_RANK``); returns this node's ranks and the local ranks shown (``nodes``:
     default from the environment)."""
     nodes = nodes_from_env(os.environ) if nodes is None else nodes
@@ -80,7 +81,12 @@ def checked_ranks(
     n = nodes.ranks_per_node(world)
     import torch
 
-    check_devices(n, torch.cuda.device_count() if torch.cuda.is_available() else 0, settings)
+    from titan_morph.integration.cpu import ranks_share_gpus
+
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    check_devices(n, cuda, settings)
+    if cuda and not ranks_share_gpus(n, cuda):  # a GPU per rank: the job's groups are NCCL
+        check_dp_backend(settings, "nccl")
     check_shm()
     check_interfaces(settings.morph)
     nodes.check_job(settings)

@@ -133,12 +133,21 @@ class Nodes:
         return ConfigError(f"{head}, but the parallel degrees need {world} ({product}): {fix}")
 
     def check_job(self, settings: Settings) -> None:
-        """What one node of several cannot do: relaunch the job with a new rank order (the
-        supervisor of each node restarts only its own torchrun)."""
-        if self.multi and settings.morph.orchestrator != "off":
+        """What one node of several cannot do yet: relaunch the job, with a new rank order or a new
+        split (the supervisor of each node restarts only its own torchrun, so the other nodes would
+        wait at the rendezvous)."""
+        if not self.multi:
+            return
+        morph = settings.morph
+        if morph.orchestrator != "off":
             raise ConfigError(
-                f"morph.orchestrator: {settings.morph.orchestrator!r} moves ranks by relaunching the job, which"
+                f"morph.orchestrator: {morph.orchestrator!r} moves ranks by relaunching the job, which"
                 f" ./run_train.sh does on one node only: use off with NNODES = {self.count}"
+            )
+        if morph.partition == "auto":
+            raise ConfigError(
+                f"morph.partition: 'auto' moves layers by relaunching the job, which ./run_train.sh does on one"
+                f" node only: use even or manual with NNODES = {self.count}"
             )
 
 

@@ -68,7 +68,7 @@ def _round(speed: float) -> float:
 
 def stage_kind_ms(profile: StepProfile) -> tuple[float, float, float] | None:
     """A one-stage rank's mean F, B (the input backward I, or a fused B less its W) and W per
-    microbatch in a step; None when it ran no forward (e.g. a CUDA step read back late)."""
+    microbatch in a step; None when it ran no forward (e.g. a CUDA step whose ops outlasted the read-back's bound)."""
     f = profile.mean_ms("F")
     if f is None:
         return None

@@ -4,10 +4,12 @@ The monitor's stage times, the plans built from measured times and the Eq. 1 tol
 per-op compute times. Host times around a GPU op measure its launch, not its compute (kernels run
 asynchronously), so the clock follows the device:
 
-* ``cuda`` (:class:`EventTimer`): a CUDA event pair per op on the stage's stream, read back a step
-  later by ``query()`` only, so the hot path never synchronises with the device. Times map to the
-  host clock through a reference event recorded at the step's start (its host time is a lower
-  bound: a busy queue shifts every op of the step alike, durations are exact).
+* ``cuda`` (:class:`EventTimer`): a CUDA event pair per op on the stage's stream, never waited on
+  while the step runs; at the step's end the host polls the last op's event (``query()``, never a
+  device synchronise, bounded by the ``[comm]`` timeout) until the device has run the step, so the
+  step's record and the per-step exchange carry its own op times and detection does not lag a
+  step. Times map to the host clock through a reference event recorded at the step's start (its
+  host time is a lower bound: a busy queue shifts every op of the step alike, durations are exact).
 * ``testbed`` (:class:`DeviceClockTimer`): the synthetic testbed's device clock
   (:class:`~titan_morph.runtime.testbed.DeviceClock`), the CPU stand-in for the same events.
 * ``host`` (:class:`HostTimer`): ``time.monotonic()`` around the call, right on a CPU where the
@@ -66,6 +68,11 @@ class OpTimer(Protocol):
         """Spans of earlier ``end`` calls that have become known since the last call."""
         ...
 
+    def settle(self, timeout_s: float) -> list[OpSpan]:
+        """At a step's end: :meth:`collect` once the device has run every op ended so far, waiting
+        at most ``timeout_s`` (what is still queued then comes with a later call)."""
+        ...
+
 
 class HostTimer:
     """``time.monotonic()`` around the call (CPU compute)."""
@@ -82,6 +89,9 @@ class HostTimer:
         return OpSpan(kind, mb, stage, token, time.monotonic())
 
     def collect(self) -> list[OpSpan]:
+        return []
+
+    def settle(self, timeout_s: float) -> list[OpSpan]:
         return []
 
 
@@ -103,6 +113,9 @@ class DeviceClockTimer:
         return OpSpan(kind, mb, stage, self.device_clock.last_begin, self.device_clock.device_end)
 
     def collect(self) -> list[OpSpan]:
+        return []
+
+    def settle(self, timeout_s: float) -> list[OpSpan]:
         return []
 
 
@@ -148,6 +161,15 @@ class EventTimer:
 
     def pending(self) -> int:
         return len(self._pending)
+
+    def settle(self, timeout_s: float) -> list[OpSpan]:
+        deadline = time.monotonic() + timeout_s
+        pause = 5e-5
+        # the last op's end event completes after every earlier one (one stream): poll it, no synchronise
+        while self._pending and not self._pending[-1][5].query() and time.monotonic() < deadline:
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+        return self.collect()
 
     def collect(self) -> list[OpSpan]:
         out = []

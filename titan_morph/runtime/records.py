@@ -33,8 +33,8 @@ class StepRecord:
     failovers: int = 0  # (link, direction) pairs this rank has moved to the delegated path so far
     messages: list[MessageRecord] = field(default_factory=list)  # the transport's records of the step
     # The clock of compute_ms/op_ms (runtime.optime): "host", "testbed" or "cuda". With "cuda" the
-    # op figures are read back a step late: a record holds the ops whose events had completed by its
-    # end (mostly the step before's), so op_ms may start before start_s.
+    # op figures are read back at the step's end, once the device ran them (within the [comm] bound:
+    # an op still queued then is filed with a later step).
     op_clock: str = "host"
 
     @property

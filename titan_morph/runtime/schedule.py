@@ -62,6 +62,7 @@ __all__ = ["MorphSchedule", "PlanMismatchError"]
 logger = logging.getLogger(__name__)
 
 RECORDS_KEPT = 4  # per-step records a schedule holds (the newest)
+SETTLE_S = 60.0  # how long a step's end waits for the device to run its ops, without an exchange's [comm] bound
 
 _PRE_SPLIT = {"arg_mbs", "kwarg_mbs", "target_mbs"}
 _STEP_OPTIONS = ("losses", "return_outputs", "loss_kwargs", *sorted(_PRE_SPLIT))
@@ -433,7 +434,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
             self._current = None
         end = time.monotonic()
         self._check_ran(record.step + 1)
-        for span in self.op_timer.collect():  # a deferred clock's spans (CUDA: the step before's ops)
+        bound = self._exchange.timeouts.for_step(record.step + 1) if self._exchange is not None else SETTLE_S
+        for span in self.op_timer.settle(bound):  # a device clock's spans (CUDA: once the device ran the step)
             self._add_span(record, span)
         record.start_s = start
         record.iteration_ms = (end - start) * 1e3
