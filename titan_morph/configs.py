@@ -8,6 +8,7 @@ from titan_morph.integration.titan03.configs import (
     partition_cpu,
     straggler_demo_cpu,
     synthetic_cpu,
+    tp_pp_cpu,
 )
 
-__all__ = ["adapt_cpu", "debug_cpu", "hybrid_cpu", "partition_cpu", "straggler_demo_cpu", "synthetic_cpu"]
+__all__ = ["adapt_cpu", "debug_cpu", "hybrid_cpu", "partition_cpu", "straggler_demo_cpu", "synthetic_cpu", "tp_pp_cpu"]

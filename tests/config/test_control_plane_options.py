@@ -61,3 +61,11 @@ def test_reshard_always_with_replicas_that_cannot_differ_is_accepted():
     load(HYBRID, [*SMALL, *reshard, *fixed])
     load(HYBRID, [*SMALL, *OFF, *reshard, "--parallelism.pipeline_parallel_schedule", "1F1B"])
     load(HYBRID, [*SMALL, "--parallelism.fsdp_reshard_after_forward", "never"])
+
+
+def test_the_orchestrator_with_tensor_parallelism_is_one_line():
+    tp = ("--parallelism.tensor_parallel_degree", "2")
+    with pytest.raises(ConfigError, match=r"^morph.orchestrator: 'pp' moves hosts of a DP x PP layout") as e:
+        load(HYBRID, [*SMALL, *tp])
+    assert "use off with TP" in str(e.value) and "\n" not in str(e.value)
+    load(HYBRID, [*SMALL, *tp, *OFF])  # DP x TP x PP itself resolves

@@ -24,6 +24,7 @@ SHIPPED = {
     "adapt_cpu": 4,
     "hybrid_cpu": 4,
     "partition_cpu": 4,
+    "tp_pp_cpu": 4,
 }
 """Config function -> ranks, one per TOML of train_configs/ (llama3_8b_pp8 is a GPU example)."""
 

@@ -42,6 +42,7 @@ __all__ = [
     "GROUP_LOCK",
     "check_interface",
     "cpu_group",
+    "cpu_group_over",
     "gather_rows",
     "gloo_options",
     "interface_address",
@@ -136,6 +137,23 @@ def cpu_group(
         timeout = timedelta(seconds=timeouts.init_s)
         with _gloo_interface(interface) if interface else contextlib.nullcontext():
             made = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout, use_local_synchronization=True)
+        cached = _cpu_groups[key] = made
+    return cached
+
+
+def cpu_group_over(
+    ranks: list[int], interface: str = "", timeouts: CommTimeouts = DEFAULT_TIMEOUTS
+) -> dist.ProcessGroup:
+    """A gloo group over the global ``ranks`` (members only; cached per rank set and interface, as
+    :func:`cpu_group`'s): for a set of ranks no group of the job spans, e.g. every TP lane of a pipeline."""
+    key = (",".join(map(str, sorted(ranks))), interface)
+    cached = _cpu_groups.get(key)
+    if cached is None:
+        if interface:
+            check_interface(interface, "[morph] host_ifnames")
+        timeout = timedelta(seconds=timeouts.init_s)
+        with _gloo_interface(interface) if interface else contextlib.nullcontext():
+            made = dist.new_group(ranks=sorted(ranks), backend="gloo", timeout=timeout, use_local_synchronization=True)
         cached = _cpu_groups[key] = made
     return cached
 

@@ -403,6 +403,13 @@ def check_joined(morph: MorphSettings, job: JobView, n: int, dp: int) -> None:
     stages, name = job.pipeline_parallel_degree, job.schedule
     if morph.orchestrator != "off" and stages > 1 and dp > 1:
         key, value = "morph.orchestrator", morph.orchestrator
+        if job.tensor_parallel_degree > 1:
+            raise fail(
+                key,
+                value,
+                f"moves hosts of a DP x PP layout; with tensor_parallel_degree {job.tensor_parallel_degree} a"
+                " stage spans several hosts, which it does not move yet: use off with TP",
+            )
         if not morph.monitor:
             raise fail(key, value, "needs morph.monitor = true (the moves act on the monitor's DP measurements)")
         if name.lower() in TORCH_SCHEDULES:

@@ -34,12 +34,7 @@ from titan_morph.comm.transport import TorchTransport, Transport, warms_up_own_r
 from titan_morph.config import MorphSettings, Settings
 from titan_morph.config.links import break_window, configured_message_bytes, link_model, plan_transmit
 from titan_morph.integration.cpu import shared_gpu
-from titan_morph.integration.hybrid import (
-    known_link_delays,
-    make_exchange,
-    pipeline_hosts,
-    replica_split,
-)
+from titan_morph.integration.hybrid import known_link_delays, lanes_group, make_exchange, pipeline_hosts, replica_split
 from titan_morph.monitor.adapt import AdaptPolicy, Monitor
 from titan_morph.monitor.replan import adapted_plan, search_iterations
 from titan_morph.monitor.topology import PipelineCost
@@ -531,17 +526,18 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
         transport = monitor = None
         exchange: StepExchange | None = None
         if multi:
-            hybrid = req.settings.hybrid
-            clock = sync_clock(None if hybrid else req.stage.group, timeouts=timeouts)  # DP x PP: the world's
+            hybrid, lanes, dims = req.settings.hybrid, req.settings.job.tensor_parallel_degree, req.parallel_dims
+            # DP x PP or TP lanes: one clock for the world (stamps of other pipelines' ranks compare)
+            clock = sync_clock(None if hybrid or lanes > 1 else req.stage.group, timeouts=timeouts)
             transport = make_transport(req, clock, monitored=morph.monitor) or TorchTransport(clock.epoch)
             group, per_rank = _group_of(req.stage), plan.model.stages_per_rank
+            rows = lanes_group(req.settings, dims) or group  # with TP: every lane's rows
             if morph.monitor:
                 monitor = make_monitor(family, morph, plan, stages, n, transmit)
                 cost = pipeline_cost(family, morph, plan)
-                epoch, dims = clock.epoch, req.parallel_dims
-                exchange = make_exchange(req.settings, group, most, epoch, dims, cost, per_rank, replicas)
+                exchange = make_exchange(req.settings, rows, most, clock.epoch, dims, cost, per_rank, replicas, lanes)
             if exchange is None:  # the per-step exchange (on the host NIC when one is set)
-                exchange = StepExchange(group, most, per_rank, next(iter(morph.host_interfaces), ""), timeouts)
+                exchange = StepExchange(rows, most, per_rank, next(iter(morph.host_interfaces), ""), timeouts, lanes)
             if monitor is not None and hybrid:  # slow pairs the orchestrator moved onto this pipeline
                 known = known_link_delays(group)
                 why = "known before the first step (the orchestrator moved a slow pair onto it)"

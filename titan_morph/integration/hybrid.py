@@ -55,7 +55,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torchtitan.distributed import ParallelDims
 
 from titan_morph.comm.emulator import collectives
-from titan_morph.comm.groups import cpu_group
+from titan_morph.comm.groups import cpu_group, cpu_group_over
 from titan_morph.config import Settings
 from titan_morph.config.links import pair_delays
 from titan_morph.config.rules import check_dp_backend
@@ -77,6 +77,7 @@ __all__ = [
     "before_step",
     "finish_for_move",
     "known_link_delays",
+    "lanes_group",
     "layout_of",
     "make_exchange",
     "parallel_dims_for",
@@ -179,6 +180,20 @@ def _init_fields(dims: ParallelDims) -> dict[str, Any]:
     return {f.name: getattr(dims, f.name) for f in dataclasses.fields(dims) if f.init and not f.name.startswith("_")}
 
 
+def lanes_group(settings: Settings, dims: ParallelDims | None) -> dist.ProcessGroup | None:
+    """With tensor parallelism, a CPU group over every TP lane of every stage of this rank's
+    pipeline replica (TorchTitan's ``pp`` x ``tp`` mesh of this rank's data-parallel coordinate):
+    the exchange gathers there so that all lanes of a stage decide together. None without TP."""
+    if dims is None or settings.job.tensor_parallel_degree < 2 or settings.stages < 2:
+        return None
+    mesh = dims.get_optional_mesh(["pp", "tp"])
+    if mesh is None:
+        raise RuntimeError("titan_morph: tensor parallelism with PP, but TorchTitan built no pp x tp mesh")
+    morph = settings.morph
+    ranks = [int(r) for r in mesh.mesh.flatten().tolist()]
+    return cpu_group_over(ranks, morph.host_interfaces[0] if morph.host_interfaces else "", settings.timeouts)
+
+
 def parallel_dims_for(settings: Settings, dims: ParallelDims) -> ParallelDims:
     """For DP x PP: the hosts of this launch for every rank (the host table of the pair delays and
     of a moved pipeline's known links), and on gloo ``dims`` as :class:`HybridParallelDims` (the DP
@@ -229,10 +244,12 @@ def make_exchange(
     cost: PipelineCost | None,
     stages_per_rank: int = 1,
     replicas: ReplicaSplit | None = None,
+    lanes: int = 1,
 ) -> HybridExchange | None:
     """The world-wide exchange of a DP x PP run, on any backend (None without DP x PP);
     ``microbatches``: the most a step of this pipeline may run, ``replicas``: the rebalancer it
-    feeds. The DP stamps and the ring probes come from the DP backend, on gloo jobs only."""
+    feeds, ``lanes``: the TP degree (``pipeline_group`` then spans every lane, :func:`lanes_group`).
+    The DP stamps and the ring probes come from the DP backend, on gloo jobs only."""
     if parallel_dims is None or not settings.hybrid:
         return None
     morph = settings.morph
@@ -250,6 +267,7 @@ def make_exchange(
         interface=morph.host_interfaces[0] if morph.host_interfaces else "",
         replicas=replicas,
         timeouts=settings.timeouts,
+        lanes=lanes,
     )
 
 

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from titan_morph.comm.groups import cpu_group, gather_rows, step_timeout
 from titan_morph.comm.recorded import ProbeTimes
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
+from titan_morph.monitor.lanes import stages_of_lanes
 from titan_morph.monitor.profile import PROBE_PATH, MessageStamp, StepProfile, decode, encode
 from titan_morph.runtime.records import StepRecord
 
@@ -110,7 +111,11 @@ def probe_stamps(times: ProbeTimes) -> list[MessageStamp]:
 class StepExchange:
     """All-gathers one :class:`StepProfile` row per rank of ``group`` (on a CPU group, bound to
     ``interface`` when one is given: ``[morph] host_ifnames``); each rank runs ``stages_per_rank`` stages.
-    ``timeouts``: the job's ``[comm]`` timeouts, which bound a CPU group made here."""
+    ``timeouts``: the job's ``[comm]`` timeouts, which bound a CPU group made here.
+
+    With tensor parallelism (``lanes`` = the TP degree) ``group`` holds every rank of every stage's
+    lanes, and :meth:`gather` gives one row per stage: its lanes folded into the slowest one
+    (:func:`~titan_morph.monitor.lanes.slowest_lane`), the same on every rank of every lane."""
 
     def __init__(
         self,
@@ -119,6 +124,7 @@ class StepExchange:
         stages_per_rank: int = 1,
         interface: str = "",
         timeouts: CommTimeouts = DEFAULT_TIMEOUTS,
+        lanes: int = 1,
     ) -> None:
         self.group = cpu_group(group, interface, timeouts)
         self.timeouts = timeouts
@@ -126,7 +132,9 @@ class StepExchange:
         self._training = False
         self.microbatches = microbatches
         self.stages_per_rank = stages_per_rank
+        self.lanes = lanes
         self.size = dist.get_world_size(self.group)
+        self.row_ranks: list[int] = dist.get_process_group_ranks(self.group)  # whose rows all_gather returns
 
     def gather(self, prof: StepProfile) -> list[StepProfile]:
         """Every rank's profile of this step, ordered by rank; checks that they ran one plan."""
@@ -139,12 +147,13 @@ class StepExchange:
                 prof.dropped,
             )
         rows = self.all_gather(row, prof.step)
-        profiles = sorted((decode(r, self.stages_per_rank) for r in rows), key=lambda p: p.stage)
-        plans = {p.plan for p in profiles}
-        if len(plans) != 1:
-            ran = ", ".join(f"stage {p.stage}: {p.plan:012x}" for p in profiles)
-            raise PlanMismatchError(f"step {prof.step + 1}: pipeline stages ran different plans ({ran})")
-        return profiles
+        decoded = [decode(r, self.stages_per_rank) for r in rows]
+        if len({p.plan for p in decoded}) != 1:
+            ran = ", ".join(f"stage {p.stage} (rank {r}): {p.plan:012x}" for p, r in zip(decoded, self.row_ranks))
+            raise PlanMismatchError(f"step {prof.step + 1}: pipeline ranks ran different plans ({ran})")
+        order = sorted(range(len(decoded)), key=lambda i: (decoded[i].stage, self.row_ranks[i]))  # stable lanes
+        profiles = [decoded[i] for i in order]
+        return stages_of_lanes(profiles, self.lanes) if self.lanes > 1 else profiles
 
     def all_gather(self, row: list[float], step: int) -> list[list[float]]:
         """The gather itself: every stage's row (``step``: the 0-based step they describe)."""

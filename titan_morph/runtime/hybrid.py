@@ -43,7 +43,7 @@ from titan_morph.monitor.topology import (
 from titan_morph.runtime.exchange import StepExchange
 from titan_morph.runtime.replicas import ReplicaSplit
 
-__all__ = ["HybridExchange", "stamps_of"]
+__all__ = ["HybridExchange", "slowest_of_lanes", "stamps_of"]
 
 logger = logging.getLogger(__name__)
 NAN = float("nan")
@@ -62,6 +62,18 @@ def stamps_of(records: list[CollectiveRecord], epoch: float) -> list[CollectiveS
     ]
 
 
+def slowest_of_lanes(op_ms: list[float | None], lanes: int) -> list[float | None]:
+    """Every world rank's op time, TP lanes folded: one per (stage, replica), its slowest lane's
+    (TorchTitan places the TP ranks of a stage innermost: consecutive global ranks)."""
+    if lanes == 1:
+        return op_ms
+    out: list[float | None] = []
+    for i in range(0, len(op_ms), lanes):
+        known = [t for t in op_ms[i : i + lanes] if t is not None]
+        out.append(max(known) if known else None)
+    return out
+
+
 class HybridExchange(StepExchange):
     """The per-step exchange of one pipeline stage, gathered over the whole world.
 
@@ -78,6 +90,8 @@ class HybridExchange(StepExchange):
             feeds after each step (None: the split stays even).
         timeouts: the job's ``[comm]`` timeouts: they bound the gloo groups made here (and the
             replicas' group, switched with them) and the probes.
+        lanes: the TP degree; with more than one, ``pipeline_group`` holds every lane of every
+            stage of this pipeline replica, whose rows the monitor reads folded per stage.
     """
 
     def __init__(
@@ -94,8 +108,9 @@ class HybridExchange(StepExchange):
         interface: str = "",
         replicas: ReplicaSplit | None = None,
         timeouts: CommTimeouts = DEFAULT_TIMEOUTS,
+        lanes: int = 1,
     ) -> None:
-        super().__init__(pipeline_group, microbatches, stages_per_rank, interface, timeouts)
+        super().__init__(pipeline_group, microbatches, stages_per_rank, interface, timeouts, lanes)
         self.replicas = replicas
         world = dist.group.WORLD
         if world is None:  # torch types WORLD as optional: it is None before init_process_group
@@ -105,6 +120,7 @@ class HybridExchange(StepExchange):
         if replicas is not None and replicas.group is not None:
             self.groups.append(replicas.group)
         self.pipeline_ranks = dist.get_process_group_ranks(pipeline_group)
+        self.row_ranks = self.pipeline_ranks
         self.topology = topology
         self.epoch = epoch
         self.dp_group = dp_group
@@ -137,7 +153,8 @@ class HybridExchange(StepExchange):
         decoded = [decode_stamps(v[width:]) for v in values]
         self.topology.observe(step + 1, [s for s, _ in decoded], dropped=sum(d for _, d in decoded))
         if self.replicas is not None:
-            self.replicas.observe(step + 1, [op_time_ms(decode(v[:width], self.stages_per_rank)) for v in values])
+            op_ms = [op_time_ms(decode(v[:width], self.stages_per_rank)) for v in values]
+            self.replicas.observe(step + 1, slowest_of_lanes(op_ms, self.lanes))
         self._probe(step)
         return [values[r][:width] for r in self.pipeline_ranks]
 

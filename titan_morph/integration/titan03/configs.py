@@ -17,6 +17,7 @@ function               0.2.2 TOML                           job
 ``adapt_cpu``          train_configs/adapt_cpu.toml         live adaptation, steps 5-14
 ``hybrid_cpu``         train_configs/hybrid_cpu.toml        DP x PP: PP=2 x FSDP=2
 ``partition_cpu``      train_configs/partition_cpu.toml     rank 3 twice as slow, partition auto
+``tp_pp_cpu``          train_configs/tp_pp_cpu.toml         llama3 debug model, TP=2 x PP=2
 =====================  ===================================  ====================================
 
 The llama3 debug model is 0.3.0's own (flex attention, fused QKV, its initialisation), so its
@@ -48,7 +49,15 @@ from titan_morph.integration.titan03.synthetic import FLAVOR as SYNTHETIC  # noq
 from titan_morph.integration.titan03.synthetic import VOCAB  # noqa: E402
 from titan_morph.integration.titan03.trainer import MorphTrainer  # noqa: E402
 
-__all__ = ["adapt_cpu", "debug_cpu", "hybrid_cpu", "partition_cpu", "straggler_demo_cpu", "synthetic_cpu"]
+__all__ = [
+    "adapt_cpu",
+    "debug_cpu",
+    "hybrid_cpu",
+    "partition_cpu",
+    "straggler_demo_cpu",
+    "synthetic_cpu",
+    "tp_pp_cpu",
+]
 
 _SEED = 42
 
@@ -106,11 +115,11 @@ def _job(
     )
 
 
-def _pp(degree: int = 4, schedule: str = "PipeMorph", shard: int = 1) -> ParallelismConfig:
+def _pp(degree: int = 4, schedule: str = "PipeMorph", shard: int = 1, tp: int = 1) -> ParallelismConfig:
     return ParallelismConfig(
         data_parallel_replicate_degree=1,
         data_parallel_shard_degree=shard,
-        tensor_parallel_degree=1,
+        tensor_parallel_degree=tp,
         pipeline_parallel_degree=degree,
         pipeline_parallel_schedule=schedule,
         pipeline_parallel_microbatch_size=1,
@@ -134,6 +143,15 @@ def debug_cpu() -> MorphTrainer.Config:
         morph=Morph(memory_budget=0, transport="auto", monitor=True, adapt=True, detect_min_ms=10.0),
         lr_decay=True,
     )
+
+
+def tp_pp_cpu() -> MorphTrainer.Config:
+    """TP 2 x PP 2: the llama3 debug model, each of 2 stages on 2 tensor-parallel ranks (2 lanes per
+    pipeline link, whose decisions are taken together), PipeMorph as in ``debug_cpu``."""
+    config = debug_cpu()
+    config.dump_folder = "./outputs/tp_pp_cpu/{run_id}"
+    config.parallelism = _pp(2, tp=2)
+    return config
 
 
 def _synthetic_morph() -> Morph:
