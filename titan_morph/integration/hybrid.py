@@ -203,8 +203,9 @@ def parallel_dims_for(settings: Settings, dims: ParallelDims) -> ParallelDims:
         return dims
     backend = dist.get_backend()
     check_dp_backend(settings, backend)
-    layout = layout_of(settings)
-    collectives.configure(layout.hosts, pair_delays(settings.morph.inject))
+    # one rank per host in a DP x PP layout; with TP a stage spans several ranks (hosts are not moved)
+    hosts = layout_of(settings).hosts if settings.job.tensor_parallel_degree == 1 else None
+    collectives.configure(hosts, pair_delays(settings.morph.inject))
     if backend != "gloo":
         return dims
     return HybridParallelDims(**_init_fields(dims))

@@ -150,8 +150,9 @@ class HybridExchange(StepExchange):
         width = len(row)
         mine = torch.tensor(row + encode_stamps(stamps, self.capacity), dtype=torch.float64)
         values = [r.tolist() for r in self.gather_on(self.world, mine, step)]
-        decoded = [decode_stamps(v[width:]) for v in values]
-        self.topology.observe(step + 1, [s for s, _ in decoded], dropped=sum(d for _, d in decoded))
+        if self.lanes == 1:  # the topology's layout is one rank per host: with TP lanes it measures nothing
+            decoded = [decode_stamps(v[width:]) for v in values]
+            self.topology.observe(step + 1, [s for s, _ in decoded], dropped=sum(d for _, d in decoded))
         if self.replicas is not None:
             op_ms = [op_time_ms(decode(v[:width], self.stages_per_rank)) for v in values]
             self.replicas.observe(step + 1, slowest_of_lanes(op_ms, self.lanes))
