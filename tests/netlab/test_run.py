@@ -90,6 +90,44 @@ def test_two_nodes_of_two_ranks_train_with_the_losses_of_one_node(
     _nothing_left(dump, before, no_leftovers)
 
 
+@pytest.mark.slow
+def test_tp_inside_a_node_and_pp_across_two_trains_with_the_losses_of_one_node(
+    namespaces_ok: None, tmp_path: Path, no_leftovers: Callable[[Path], None]
+):
+    """TP 2 x PP 2 with each stage's two TP ranks on one lab node and the pipeline across the two
+    (the layout of most large jobs): the losses of the same job on one node."""
+    tp = [
+        "--training.steps",
+        "3",
+        "--parallelism.tensor_parallel_degree",
+        "2",
+        "--parallelism.pipeline_parallel_degree",
+        "2",
+    ]
+    one = subprocess.run(
+        [str(REPO / "run_train.sh"), *tp, "--job.dump_folder", str(tmp_path / "one")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k not in ("CONFIG_FILE", "TITAN_MORPH_RUN_ID")},
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    want = {int(step): float(loss) for step, loss in LOSS_RE.findall(one.stdout + one.stderr)}
+    dump, before = tmp_path / "run", shm_segments()
+    proc = _netlab_run(dump, "--nodes", "2", "--ranks-per-node", "2", "--", *tp)
+    try:
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out[-3000:]
+    got = {int(step): float(loss) for step, loss in LOSS_RE.findall(out)}
+    assert sorted(want) == [1, 2, 3] and got == want, (got, want)
+    _nothing_left(dump, before, no_leftovers)
+
+
 def test_lab_nic_options_come_first_and_the_users_own_win():
     two = Lab(2, PREFIX, host_nics=2)
     assert with_lab_nics(["--training.steps", "3"], Lab(2, PREFIX)) == [
