@@ -336,3 +336,73 @@ def test_a_stalled_data_path_under_default_is_one_error_naming_rank_link_and_ope
         "CommTimeoutError: stage 1 (rank 1): receive from stage 0 on link 0 (fwd), message 9 of step 3"
     ), err
     assert len(err.splitlines()) == 1 and f"Timed out waiting {STALL_TIMEOUT_S * 1000:.0f}ms" in err, err
+
+
+# -- a send cut mid-write ---------------------------------------------------------------------------
+# gloo fails the pending receives of a pair torn down under it, but not a send it was writing then:
+# that send ends only at its bound. Stage 1 posts the receive of a big message and stops (SIGSTOP,
+# resumed by a helper), so stage 0's write stalls on a full socket buffer; stage 0 tears link 0 down
+# mid-write. Neither end's operation fails (stage 1's receive was cut mid-read): the stall check
+# moves the link after a quarter of the [comm] bound, and each end's wait must end with that move
+# (the delegates carry the message), not at the bound.
+MIDWRITE_BOUND_S = 24.0  # the stall check moves the link after a quarter of it
+MIDWRITE_ELEMS = 8 << 20  # 32 MiB of float32: far beyond a socket buffer
+
+
+def _midwrite(rank: int, world: int) -> dict:
+    import subprocess
+
+    import torch
+    import torch.distributed as dist
+
+    from titan_morph.comm import RecordedTransport, sync_clock
+    from titan_morph.comm.delegate.transport import DelegateTransport
+    from titan_morph.comm.failover.transport import FailoverTransport
+    from titan_morph.comm.pairs import LinkGroups, LinkTransport
+    from titan_morph.comm.timeouts import CommTimeouts
+
+    timeouts = CommTimeouts.fixed(MIDWRITE_BOUND_S)
+    epoch = sync_clock().epoch
+    groups = LinkGroups(stage=rank, num_stages=world, namespace="test-midwrite", timeouts=timeouts)
+    primary = RecordedTransport(LinkTransport(groups, epoch=epoch), stage=rank, num_stages=world, epoch=epoch)
+    delegate = DelegateTransport(stage=rank, num_stages=world, epoch=epoch, strict=False, timeouts=timeouts)
+    tr = FailoverTransport(
+        primary, delegate, stage=rank, num_stages=world, pairs=groups, timeouts=timeouts, recover_probes=1000
+    )
+    big = torch.arange(MIDWRITE_ELEMS, dtype=torch.float32)
+    store = dist.distributed_c10d._get_default_store()
+    out: dict = {}
+    tr.set_step(1)
+    dist.barrier()
+    if rank == 1:
+        got = torch.empty_like(big)
+        (h,) = tr.batch_p2p([dist.P2POp(dist.irecv, got, 0)])
+        time.sleep(0.3)  # the receive is announced to the sender
+        subprocess.Popen(["sh", "-c", f"sleep 2; kill -CONT {os.getpid()}"])
+        store.set("midwrite/stopping", "1")
+        os.kill(os.getpid(), signal.SIGSTOP)
+        t0 = time.monotonic()
+        h.wait()
+        out["waited_s"] = time.monotonic() - t0
+        out["equal"] = torch.equal(got, big)
+    else:
+        store.wait(["midwrite/stopping"])
+        time.sleep(0.3)  # the peer stopped
+        (h,) = tr.batch_p2p([dist.P2POp(dist.isend, big, 1)])
+        time.sleep(0.5)  # the write stalls on the full socket buffer
+        t0 = time.monotonic()
+        groups.break_link(0, "test: cable pulled mid-write")
+        h.wait()
+        out["waited_s"] = time.monotonic() - t0
+    out["routed"] = sorted(tr.router.routed)
+    dist.barrier()
+    tr.close(timeout=5.0)
+    return out
+
+
+def test_a_send_cut_mid_write_ends_with_the_move_not_at_the_bound() -> None:
+    r0, r1 = run_ranks(_midwrite, 2, timeout=240, pg_timeout_s=2 * MIDWRITE_BOUND_S)
+    assert r1["equal"], "the message re-sent over the delegates differs"
+    assert r0["routed"] == r1["routed"] == [(0, "bwd"), (0, "fwd")], (r0, r1)
+    # a quarter of the bound to the move, then the replay; gloo alone holds each wait to the bound
+    assert r0["waited_s"] < MIDWRITE_BOUND_S / 2 and r1["waited_s"] < MIDWRITE_BOUND_S / 2, (r0, r1)

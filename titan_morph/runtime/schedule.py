@@ -118,8 +118,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
             count follows it from step to step, its plan re-made by the monitor (None: N stays).
         max_microbatches: the most microbatches a step may run here (the stages' per-microbatch
             buffers are made for that many; None: ``n_microbatches``).
-        profiles_file: where pipeline rank 0 appends each step's exchanged profiles (JSON lines;
-            "": nowhere).
+        profiles_file: where pipeline rank 0 (with TP, its first lane) appends each step's exchanged
+            profiles (JSON lines; "": nowhere).
     """
 
     def __init__(
@@ -476,7 +476,7 @@ class MorphSchedule(_PipelineScheduleRuntime):
         prof.sent_ms = (t_sent - epoch) * 1e3
         self.profiles = self._exchange.gather(prof)
         t_gathered = time.monotonic()
-        if self._profiles_file and self._stage_index == 0:
+        if self._profiles_file and dist.get_rank() == self._exchange.row_ranks[0]:  # stage 0 (its first lane)
             with open(self._profiles_file, "a") as out:
                 out.write(json.dumps([dataclasses.asdict(p) for p in self.profiles]) + "\n")
         # Waiting for the last stage to finish its step is not this work's cost (TorchTitan's

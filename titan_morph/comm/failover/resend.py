@@ -17,17 +17,18 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
-from titan_morph.comm.failover.router import PATH_ERRORS, Router
+from titan_morph.comm.failover.router import PATH_ERRORS, PRIMARY, Router
 from titan_morph.comm.failover.stall import StallWatch
 from titan_morph.comm.pairs import LinkFailedError
 from titan_morph.comm.records import CommTimeoutError, MessageRecord
 from titan_morph.comm.transport import DeviceOrdered, Handle
 
-__all__ = ["Message", "Recv", "Resender"]
+__all__ = ["DefaultPathWaits", "Message", "Recv", "Resender"]
 
 logger = logging.getLogger(__name__)
 
 SETTLE_S = 0.05  # how long a receive on a failed path may take to show it is complete
+WAITER_IDLE_S = 5.0  # how long an idle waiter stays for the next wait before it ends
 
 
 class Message:
@@ -43,6 +44,7 @@ class Message:
         self.gen = -1
         self.first = -1  # index of its first op on the default path as of ``gen`` (-1: elsewhere)
         self.issued = threading.Event()
+        self.job: _Job | None = None  # the default path's waiter's job on ``inner``, once waited there
         self.done = False
         self.error: BaseException | None = None
 
@@ -73,9 +75,14 @@ class Message:
             with router.lock:
                 handles, gen, path, first = self.inner, self.gen, self.path, self.first
             token = self.owner.stalls.begin(self.key, path, gen, first)  # a stall moves the link meanwhile
+            waits = self.owner.waits
             try:
-                for h in handles:
-                    h.wait(max(1e-3, deadline - time.monotonic()))
+                if waits is not None and path == PRIMARY:
+                    if not waits.wait(self, handles, gen, deadline):
+                        continue  # moved: the new path carries it again
+                else:
+                    for h in handles:
+                        h.wait(max(1e-3, deadline - time.monotonic()))
             except PATH_ERRORS as e:
                 router.failed_at(self.key[0], path, gen, e)  # raises when no path is left
                 continue
@@ -109,6 +116,10 @@ class Recv(Message):
             return self.done
         if self.done:
             return True
+        job = self.job
+        if job is not None and job.handles is self.inner:  # its waiter holds the handles: its verdict
+            self.done = job.done and job.error is None
+            return self.done
         try:
             for h in self.inner:
                 h.wait(SETTLE_S)
@@ -118,11 +129,95 @@ class Recv(Message):
         return True
 
 
+class _Job:
+    __slots__ = ("handles", "deadline", "done", "error")
+
+    def __init__(self, handles: list[Handle], deadline: float) -> None:
+        self.handles, self.deadline = handles, deadline
+        self.done = False
+        self.error: BaseException | None = None
+
+
+class DefaultPathWaits:
+    """Waits on the default path's messages off the training thread: a waiter thread per
+    (link, direction) and path generation, in the order they are waited.
+
+    gloo fails the operations of a pair torn down under it that had not started moving bytes, not
+    one it was writing or reading then: that one ends only at its bound, and a shorter timed wait
+    would close a healthy pair. So the training thread waits for the waiter's verdict or for the
+    link's move, whichever comes first; after a move the new path carries the message again.
+    (NCCL's waits are stream-ordered on the caller's stream and its abort ends them: they stay on
+    the training thread.)
+    """
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self._jobs: dict[tuple[tuple[int, str], int], deque[_Job]] = {}
+
+    def wait(self, msg: Message, handles: list[Handle], gen: int, deadline: float) -> bool:
+        """Wait ``handles`` (``msg`` on the default path as of ``gen``): True once they completed,
+        False when the link moved first; their error when they failed."""
+        router, key = self.router, msg.key
+        link = key[0]
+        job = _Job(handles, deadline)
+        with router.lock:
+            if router.gen[link] != gen:
+                return False
+            msg.job = job
+            queue = self._jobs.get((key, gen))
+            if queue is None:
+                queue = self._jobs[(key, gen)] = deque()
+                router.thread(lambda: self._waiter(key, gen), f"titan_morph-sendwait-{link}{key[1]}")
+            queue.append(job)
+            router.wake.notify_all()
+            while not job.done:
+                if router.gen[link] != gen:
+                    return False
+                # the waiter's own wait ends at the deadline; the margin lets its verdict arrive
+                left = deadline + 1.0 - time.monotonic()
+                if left <= 0:
+                    what = "receive" if isinstance(msg, Recv) else "send"
+                    raise CommTimeoutError(
+                        f"{router.where()}: {what} of step {msg.step} on link {link} ({key[1]}) did not "
+                        "complete on the default path within its bound"
+                    )
+                router.wake.wait(left)
+        if job.error is not None:
+            raise job.error
+        return True
+
+    def _waiter(self, key: tuple[int, str], gen: int) -> None:
+        router, link = self.router, key[0]
+        while True:
+            with router.lock:
+                queue = self._jobs[(key, gen)]
+                idle_until = time.monotonic() + WAITER_IDLE_S
+                while not queue and router.gen[link] == gen and not router.closed:
+                    left = idle_until - time.monotonic()
+                    if left <= 0:
+                        break
+                    router.wake.wait(left)
+                if not queue or router.gen[link] != gen or router.closed:
+                    del self._jobs[(key, gen)]  # a stale job's caller left when the link moved
+                    router.wake.notify_all()
+                    return
+                job = queue[0]
+            try:
+                for h in job.handles:
+                    h.wait(max(1e-3, job.deadline - time.monotonic()))
+            except BaseException as e:  # handed to the training thread, which decides
+                job.error = e
+            with router.lock:
+                queue.popleft()
+                job.done = True
+                router.wake.notify_all()
+
+
 class Resender:
     """The messages of the current and the previous step, and their replay after a move."""
 
-    def __init__(self, router: Router, stalls: StallWatch) -> None:
-        self.router, self.stalls = router, stalls
+    def __init__(self, router: Router, stalls: StallWatch, waits: DefaultPathWaits | None = None) -> None:
+        self.router, self.stalls, self.waits = router, stalls, waits
         self._sends: dict[tuple[int, str], list[Message]] = {}  # this and the previous step's, in order
         self._recvs: dict[tuple[int, str], list[Recv]] = {}
         self._outbox: dict[tuple[int, str], deque[Message]] = {}  # sends waiting for the re-sender

@@ -95,7 +95,7 @@ class Router:
 
     def thread(self, target: Callable[[], None], name: str) -> threading.Thread:
         t = threading.Thread(target=target, name=name, daemon=True)
-        self.threads.append(t)
+        self.threads = [*(old for old in self.threads if old.is_alive()), t]
         t.start()
         return t
 
@@ -219,6 +219,7 @@ class Router:
             self.delegate.abandon(link, why)
         self.gen[link] += 1
         gen = self.gen[link]
+        self.wake.notify_all()  # waits on the old path leave it (the new path carries their messages again)
         sends = directions(link, self.stage)
         for d in dirs:
             key = (link, d)

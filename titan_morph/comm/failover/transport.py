@@ -51,7 +51,7 @@ from torch._C._distributed_c10d import Store
 
 from titan_morph.comm.delegate.transport import DelegateTransport
 from titan_morph.comm.failover.probe import PROBE_JOIN_S, Prober
-from titan_morph.comm.failover.resend import Message, Recv, Resender
+from titan_morph.comm.failover.resend import DefaultPathWaits, Message, Recv, Resender
 from titan_morph.comm.failover.router import PATH_ERRORS, Router
 from titan_morph.comm.failover.stall import STALL_FRACTION, StallWatch
 from titan_morph.comm.pairs import LinkGroups
@@ -128,7 +128,8 @@ class FailoverTransport(Transport):
             timeouts=timeouts,
         )
         self.stalls = StallWatch(self.router, stall_fraction)
-        self.resender = Resender(self.router, self.stalls)
+        gloo = pairs is not None and pairs.backend == "gloo"  # see DefaultPathWaits
+        self.resender = Resender(self.router, self.stalls, DefaultPathWaits(self.router) if gloo else None)
         self.prober = Prober(self.router, pairs, recover_probes, probe_interval_s)
         self.router.replay, self.router.probe = self.resender.replay, self.prober.start
         self.router.on_round = self.stalls.poll
