@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from titan_morph.monitor.attribution import Measured, StragglerCosts, cause_names, straggler_costs
+from titan_morph.monitor.attribution import (
+    Attribution,
+    CostGate,
+    Measured,
+    StragglerCosts,
+    cause_names,
+    straggler_costs,
+)
 from titan_morph.monitor.delays import LinkEstimate
 from titan_morph.monitor.detect import DetectRule
 from titan_morph.monitor.profile import StepProfile
@@ -88,6 +95,8 @@ def test_a_rank_twice_as_slow_and_a_delayed_link_are_found_and_costed() -> None:
         "rank0": 0.0,
         "rank1": 0.0,
         "rank2": 0.0,
+        "host": 0.0,
+        "links": 0.0,
         **expected,
     }
     assert att.costs["rank3"] > 0 and att.costs["link2"] > 0  # each measured with the other still there
@@ -169,3 +178,76 @@ def test_two_stages_per_rank_take_their_baseline_per_stage_and_their_speed_per_r
     full = makespan(slowed.with_delays(delays), plan.orders)
     assert att is not None and att.makespan_ms == full
     assert att.costs["rank1"] == full - makespan(base.with_delays(delays), plan.orders) > 0
+
+
+# -- what is charged: costs above the step's noise only ----------------------------------------------
+
+
+def _att(step: int, costs: dict[str, float]) -> Attribution:
+    return Attribution(step, 1000.0, costs, tuple(c for c, ms in costs.items() if ms), 0.0)
+
+
+def _quiet_steps(gate: CostGate, steps: range, ms=lambda step: 1000.0 + (step % 5) * 4.0) -> None:
+    for step in steps:
+        assert gate.admit(_att(step, {}), ms(step)) == []
+
+
+def test_noise_and_single_spikes_are_never_charged() -> None:
+    gate = CostGate(DetectRule(detect_steps=3, recover_steps=5, margin=0.1))
+    _quiet_steps(gate, range(1, 21))
+    noise = gate.noise_ms()
+    assert noise is not None and noise == pytest.approx(50.4)  # half the margin of the steps' median (1008 ms)
+    charged = []
+    for step in range(21, 61):  # each rank off in one step of three, costs under the noise or alone
+        spike = {f"rank{step % 4}": 300.0 if step % 3 == 0 else 40.0}
+        charged += gate.admit(_att(step, spike), 1040.0)
+    assert charged == []
+
+
+def test_a_sustained_cost_is_charged_from_its_first_step_once_confirmed_and_ends_after_recovery() -> None:
+    gate = CostGate(DetectRule(detect_steps=3, recover_steps=2, margin=0.1))
+    _quiet_steps(gate, range(1, 11))
+    assert gate.admit(_att(11, {"rank3": 200.0}), 1200.0) == []
+    assert gate.admit(_att(12, {"rank3": 210.0}), 1210.0) == []
+    assert gate.admit(_att(13, {"rank3": 190.0}), 1190.0) == [
+        (11, "rank3", 200.0, 1200.0),
+        (12, "rank3", 210.0, 1210.0),
+        (13, "rank3", 190.0, 1190.0),
+    ]
+    assert gate.admit(_att(14, {"rank3": 205.0}), 1205.0) == [(14, "rank3", 205.0, 1205.0)]
+    assert gate.charged() == ("rank3",)
+    assert gate.admit(_att(15, {}), 1000.0) == [] and gate.admit(_att(16, {}), 1000.0) == []
+    assert gate.charged() == ()
+    assert gate.admit(_att(17, {"rank3": 200.0}), 1200.0) == []  # a new run: confirmed again first
+
+
+def test_a_link_the_monitor_holds_is_charged_at_once() -> None:
+    gate = CostGate(DetectRule(detect_steps=3))
+    _quiet_steps(gate, range(1, 6))
+    assert gate.admit(_att(6, {"link2": 20.0}), 1020.0, held={"link2"}) == [(6, "link2", 20.0, 1020.0)]
+
+
+def test_every_rank_off_at_once_is_one_cause_the_host() -> None:
+    costs = StragglerCosts(S, RULE, profile_steps=1)
+    _fed(costs, 2)
+    slower = [_profile(r, 1.5) for r in range(S)]
+    measured = costs.observe(3, slower, _estimates({}))
+    assert measured is not None and measured.off == ("host",)
+    att = costs.attribute(measured, PLAN.orders, N, depth=None)
+    healed = makespan(BASE.with_delays((1.0, 1.0, 1.0)), PLAN.orders)  # every rank at speed 1
+    assert att is not None and att.costs["host"] == pytest.approx(att.makespan_ms - healed)
+    assert all(ms == 0.0 for cause, ms in att.costs.items() if cause != "host")
+    delayed = costs.observe(4, [_profile(r) for r in range(S)], _estimates({0: 20.0, 1: 20.0, 2: 20.0}))
+    assert delayed is not None and delayed.off == ("links",)
+
+
+def test_a_quiet_run_says_no_straggler_and_a_charged_one_names_it_in_the_head_line() -> None:
+    quiet = StepHistory(None)
+    for step in range(1, 9):
+        quiet.append(StepPoint(step, 760.0, (), (), "p"))
+    lines = summary_lines(quiet, model=BASE, links=None, depth=2, decisions=0, schedule="ZBH2")
+    assert lines == ["run summary: no straggler; median pipeline time 760 ms over 7 steps"]
+    quiet.costs.add(5, {"rank3": 300.0}, 1060.0)
+    lines = summary_lines(quiet, model=BASE, links=None, depth=2, decisions=0, schedule="ZBH2")
+    assert lines[0].startswith("run summary: straggler rank 3 (costs below);"), lines
+    assert lines[-1].split()[:2] == ["rank", "3"]

@@ -18,16 +18,27 @@ else every stage's median F, B, W over ``profile_steps`` steps after the first (
 **Incremental.** Only causes off their baseline in the step are timed again: a rank slower than the
 detector's margin (speed < 1 / (1 + margin)), a link whose latency exceeds the detector's floor
 (``detect_min_ms``) or whose transmit time exceeds its baseline's by the margin and
-``transmit_quantum_ms``. A step costs 1 + (causes off baseline) simulations (twice that while an
-adapted plan runs: the initial plan is timed too, see :func:`straggler_costs`), at most 4R, and the
-state is a few numbers per rank and link, whatever the run's length.
+``transmit_quantum_ms``. Every rank off at once is one cause, ``host`` (a loaded host or a slower
+clock slows them all; a straggler slows one), and every link off at once (two or more) is
+``links``. A step costs 1 + (causes off baseline) simulations (twice that while an adapted plan
+runs: the initial plan is timed too, see :func:`straggler_costs`), at most 4R, and the state is a
+few numbers per rank and link, whatever the run's length.
+
+**Significant.** A simulated cost is charged (summary, TensorBoard) only when it is more than the
+step's noise (:class:`CostGate`): while the monitor holds the cause (a link it holds slow), or once
+the cost stayed above the noise for ``detect_steps`` steps in a row (those steps charged then), until
+it stays below for ``recover_steps`` -- the detectors' own hysteresis. The noise is three standard
+deviations (from the median absolute deviation) of the pipeline time over the last quiet steps, and
+at least half the detector's margin of their median: a cost smaller than that is what the step
+varies by anyway.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from titan_morph.monitor.compute import op_time_ms, rank_speeds, stage_kind_ms
@@ -41,14 +52,34 @@ from titan_morph.pipelining.partition import LayerCost, stage_ranges
 from titan_morph.pipelining.simulate import makespan
 from titan_morph.pipelining.speeds import StaticFactors
 
-__all__ = ["Attribution", "Measured", "StragglerCosts", "cause_names", "straggler_costs"]
+__all__ = [
+    "ALL_LINKS",
+    "HOST",
+    "Attribution",
+    "CostGate",
+    "Measured",
+    "StragglerCosts",
+    "cause_label",
+    "cause_names",
+    "straggler_costs",
+]
 
 Triple = tuple[float, float, float]
+HOST, ALL_LINKS = "host", "links"
+QUIET_STEPS = 64  # quiet steps the noise is taken over
+MIN_QUIET = 5  # before this many, the noise is half the margin of the steps' median
 
 
 def cause_names(ranks: int) -> tuple[str, ...]:
-    """Every cause of a pipeline of ``ranks`` ranks: ``link{i}`` (i < R - 1), then ``rank{r}``."""
-    return (*(f"link{i}" for i in range(ranks - 1)), *(f"rank{r}" for r in range(ranks)))
+    """Every cause of a pipeline of ``ranks`` ranks: ``link{i}`` (i < R - 1), ``rank{r}``, then the
+    host-wide ones (``host``: every rank; ``links``: every link, with two or more)."""
+    wide = (HOST, ALL_LINKS) if ranks > 2 else (HOST,)
+    return (*(f"link{i}" for i in range(ranks - 1)), *(f"rank{r}" for r in range(ranks)), *wide)
+
+
+def cause_label(cause: str) -> str:
+    """How the summary names ``cause``: ``link 2``, ``rank 3``, ``the host``, ``all links``."""
+    return {HOST: "the host", ALL_LINKS: "all links"}.get(cause, f"{cause[:4]} {cause[4:]}")
 
 
 @dataclass(frozen=True)
@@ -103,10 +134,14 @@ def straggler_costs(
     costs: dict[str, float] = {}
     for cause in m.off:
         speeds, latency, transmit = list(m.speeds), list(m.latency_ms), list(m.transmit_ms)
-        index = int(cause[4:])
-        if cause.startswith("rank"):
-            speeds[index] = 1.0
+        if cause == HOST:
+            speeds = [1.0] * len(speeds)
+        elif cause == ALL_LINKS:
+            latency, transmit = [0.0] * len(latency), list(m.baseline_transmit_ms)
+        elif cause.startswith("rank"):
+            speeds[int(cause[4:])] = 1.0
         else:
+            index = int(cause[4:])
             latency[index], transmit[index] = 0.0, m.baseline_transmit_ms[index]
         costs[cause] = full - min(timed(speeds, latency, transmit, plan) for plan in plans)
     return full, costs
@@ -172,12 +207,17 @@ class StragglerCosts:
     def _off(self, speeds: Sequence[float], latency: Sequence[float], transmit: Sequence[float]) -> tuple[str, ...]:
         rule = self.rule
         slow = 1.0 / (1.0 + rule.margin)
-        out = []
-        for link, (lat, tau, base) in enumerate(zip(latency, transmit, self.baseline_transmit, strict=True)):
-            if lat > rule.floor_ms or tau - base > max(rule.margin * base, rule.transmit_quantum_ms):
-                out.append(f"link{link}")
-        out.extend(f"rank{r}" for r, s in enumerate(speeds) if s < slow)
-        return tuple(out)
+        links = [
+            f"link{link}"
+            for link, (lat, tau, base) in enumerate(zip(latency, transmit, self.baseline_transmit, strict=True))
+            if lat > rule.floor_ms or tau - base > max(rule.margin * base, rule.transmit_quantum_ms)
+        ]
+        ranks = [f"rank{r}" for r, s in enumerate(speeds) if s < slow]
+        if len(links) == len(latency) >= 2:
+            links = [ALL_LINKS]
+        if len(ranks) == len(speeds) >= 2:
+            ranks = [HOST]
+        return (*links, *ranks)
 
     def _profile(self, profiles: Sequence[StepProfile], estimates: Sequence[LinkEstimate]) -> None:
         for prof in profiles:
@@ -241,3 +281,66 @@ def _median(seen: Sequence[Triple]) -> Triple:
         statistics.median(t[1] for t in seen),
         statistics.median(t[2] for t in seen),
     )
+
+
+class CostGate:
+    """Which simulated costs are charged (module docstring, **Significant**): per cause, a run of
+    steps above the noise, confirmed after ``rule.detect_steps`` and ended after
+    ``rule.recover_steps`` below it; a cause the monitor holds is charged at once. Memory: the
+    pending costs of at most ``detect_steps`` steps per cause and :data:`QUIET_STEPS` step times."""
+
+    def __init__(self, rule: DetectRule) -> None:
+        self.rule = rule
+        self._quiet: deque[float] = deque(maxlen=QUIET_STEPS)
+        self._pending: dict[str, list[tuple[int, float, float]]] = {}  # cause -> (step, cost, step ms)
+        self._confirmed: dict[str, int] = {}  # cause -> steps below the noise since its last one above
+
+    def noise_ms(self) -> float | None:
+        """The pipeline time's noise over the quiet steps (None before any)."""
+        if not self._quiet:
+            return None
+        median = statistics.median(self._quiet)
+        floor = 0.5 * self.rule.margin * median
+        if len(self._quiet) < MIN_QUIET:
+            return floor
+        mad = statistics.median(abs(t - median) for t in self._quiet)
+        return max(3.0 * 1.4826 * mad, floor)
+
+    def admit(
+        self, att: Attribution, step_ms: float, held: Collection[str] = ()
+    ) -> list[tuple[int, str, float, float]]:
+        """The costs charged after step ``att.step`` (pipeline time ``step_ms``; ``held``: causes the
+        monitor holds): (step, cause, cost ms, that step's ms), earlier steps of a run that was just
+        confirmed included."""
+        noise = self.noise_ms()
+        limit = 0.5 * self.rule.margin * step_ms if noise is None else noise
+        out: list[tuple[int, str, float, float]] = []
+        for cause in sorted(set(att.off) | set(self._pending) | set(self._confirmed)):
+            ms = att.costs.get(cause, 0.0) if cause in att.off else 0.0
+            above = ms > limit
+            if cause in held and ms > 0:
+                above = True
+            if cause in self._confirmed:
+                if above:
+                    self._confirmed[cause] = 0
+                    out.append((att.step, cause, ms, step_ms))
+                else:
+                    self._confirmed[cause] += 1
+                    if self._confirmed[cause] >= self.rule.recover_steps:
+                        del self._confirmed[cause]
+                continue
+            if not above:
+                self._pending.pop(cause, None)
+                continue
+            run = self._pending.setdefault(cause, [])
+            run.append((att.step, ms, step_ms))
+            if cause in held or len(run) >= self.rule.detect_steps:
+                out.extend((step, cause, cost, total) for step, cost, total in self._pending.pop(cause))
+                self._confirmed[cause] = 0
+        if not (self._pending or self._confirmed):
+            self._quiet.append(step_ms)
+        return out
+
+    def charged(self) -> tuple[str, ...]:
+        """The causes being charged now (confirmed, not yet back below the noise)."""
+        return tuple(sorted(self._confirmed))

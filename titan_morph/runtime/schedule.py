@@ -35,7 +35,7 @@ from titan_morph.comm.recorded import probe_train
 from titan_morph.comm.scope import use_transport
 from titan_morph.comm.transport import Handle, RateProbeable, TorchTransport, Transport
 from titan_morph.monitor.adapt import Change, Monitor
-from titan_morph.monitor.attribution import Attribution, Measured, StragglerCosts
+from titan_morph.monitor.attribution import Attribution, CostGate, Measured, StragglerCosts
 from titan_morph.monitor.profile import PROBE_PATH, MessageStamp, StepProfile
 from titan_morph.pipelining.model import Plan, validate_orders
 from titan_morph.pipelining.simulate import simulate
@@ -212,6 +212,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
                 self._num_stages, monitor.detector.rule, profile_steps=profiled, stages_per_rank=per_rank
             )
         self.last_attribution: Attribution | None = None
+        self.last_charged: dict[str, float] = {}  # the costs of the last attribution's step above the noise
+        self._cost_gate = CostGate(monitor.detector.rule) if self.attribution is not None and monitor else None
         self._costs_due: tuple[Measured, Plan, int | None, float | None] | None = None
         for st in stages:
             self._instrument(st, per_stage=per_rank > 1)
@@ -317,8 +319,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
             out.update(self.monitor.metrics(self.transport.delegated()))
         self.settle_costs()
         att = self.last_attribution
-        if att is not None and att.step == rec.step + 1:
-            out.update({f"morph/straggler_cost_ms/{cause}": ms for cause, ms in att.costs.items()})
+        if att is not None and att.step == rec.step + 1:  # the costs charged (above the noise), 0 for the others
+            out.update({f"morph/straggler_cost_ms/{cause}": self.last_charged.get(cause, 0.0) for cause in att.costs})
             out["morph/attribution_ms"] = att.took_ms
         if self.monitor is not None and self._is_last and self.transport.links is None and self.profiles:
             # the real links as the monitor measured them: the running plan simulated on them, and
@@ -363,7 +365,12 @@ class MorphSchedule(_PipelineScheduleRuntime):
             return
         self.last_attribution = att
         step_ms = step_ms if step_ms is not None else att.makespan_ms
-        self.history.costs.add(att.step, {cause: att.costs[cause] for cause in att.off}, step_ms)
+        assert self._cost_gate is not None and self.monitor is not None
+        held = {f"link{link}" for link in self.monitor.detector.slow_links}
+        charged = self._cost_gate.admit(att, step_ms, held)
+        self.last_charged = {cause: ms for step, cause, ms, _ in charged if step == att.step}
+        for step, cause, ms, total in charged:
+            self.history.costs.add(step, {cause: ms}, total)
 
     def close(self, timeout_s: float) -> None:
         """End the schedule's background work (the plan timeline being drawn), within ``timeout_s``."""

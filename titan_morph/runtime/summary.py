@@ -13,9 +13,11 @@ A run may last 10^5 steps: each phase keeps a bounded sample of its steps (:clas
 the simulator replays at most :data:`SIMULATED` of them per phase at the end, so neither the memory
 nor the time the summary takes grows with the run.
 
-Then the top causes by what they cost (:class:`CostTally`, fed each step's attribution,
-:mod:`titan_morph.monitor.attribution`): per cause, its median cost per step over the steps it was
-off its baseline, that cost's share of those steps' pipeline time, and the time it lost in all.
+Then the top causes by what they cost (:class:`CostTally`, fed each step's attribution above the
+noise, :mod:`titan_morph.monitor.attribution`): per cause, its median cost per step over the steps it
+was charged, that cost's share of those steps' pipeline time, and the time it lost in all. A run
+with no phase during a straggler but with costs names them in its head line: the head line and the
+costs tell one story.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from titan_morph.monitor.attribution import cause_label
 from titan_morph.pipelining.builders import build
 from titan_morph.pipelining.exact import lower_bound_under
 from titan_morph.pipelining.links import LinkDownError, LinkModel
@@ -186,13 +189,12 @@ class CostTally:
             return []
         lines = [
             "  what the stragglers cost (simulated: the measured step against the same with one link or rank"
-            " at its baseline; median per step while off it):"
+            " at its baseline; median per step while above the step's noise):"
         ]
         for cause, cost, share, sample in top:
-            name = f"{cause[:4]} {cause[4:]}"
             lines.append(
-                f"    {name:<8} {cost:7.0f} ms per step ({share:4.1f} % of the step) over {sample.count} steps"
-                f" ({sample.first}-{sample.last}), {self.total_ms[cause] / 1e3:.1f} s in all"
+                f"    {cause_label(cause):<9} {cost:7.0f} ms per step ({share:4.1f} % of the step) over"
+                f" {sample.count} steps ({sample.first}-{sample.last}), {self.total_ms[cause] / 1e3:.1f} s in all"
             )
         return lines
 
@@ -304,7 +306,9 @@ def summary_lines(
     if "during" not in parts:
         median = parts["before"].median_ms()
         text = "n/a" if median is None else f"{median:.0f} ms"
-        head = f"run summary: no straggler; median pipeline time {text} over {parts['before'].count} steps"
+        found = [cause_label(cause) for cause, *_ in history.costs.top()]
+        what = f"straggler {', '.join(found)} (costs below)" if found else "no straggler"
+        head = f"run summary: {what}; median pipeline time {text} over {parts['before'].count} steps"
         return [head, *history.costs.lines()]
     base = "ZB-H2" if baseline_name(model) == "zb-h2" else "ZB-V"
     if links is None:  # no modelled delays (e.g. a link that really broke): nothing to simulate against
