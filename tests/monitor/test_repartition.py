@@ -139,3 +139,21 @@ def test_monitor_installs_the_partitioners_plans():
     assert sorted(changes) == [3, 6]
     assert changes[6].plan.model.fwd == pytest.approx((10.0, 10.0, 10.0, 20.0))
     assert mon.metrics(frozenset())["morph/slow_rank/rank3"] == 1.0
+
+
+def test_another_ranks_decision_keeps_the_time_already_lost():
+    part = _partitioner()
+    lost = {}
+    for step in range(1, 80):
+        factors = (1.0, 1.0, 1.0 if step < 9 else 1.5, 2.0 if step >= 4 else 1.0)
+        part.observe(step, _profiles(step, EVEN, factors), (0.0, 0.0, 0.0))
+        if step == 1:
+            part.set_startup(8000.0 + 750.0)  # a price that takes many steps of rent
+        metrics = part.metrics()
+        if "morph/partition_lost_ms" in metrics:
+            lost[step] = metrics["morph/partition_lost_ms"]
+        if part.repartition is not None:
+            break
+    # rank 3 slow from step 6 (its rent runs), rank 2 slow from step 11: the rent paid stays paid
+    assert lost[10] > 0 and lost[11] > lost[10] and all(lost[s + 1] > lost[s] for s in range(6, max(lost)))
+    assert part.repartition is not None and part.repartition.since == 6

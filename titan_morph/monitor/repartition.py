@@ -13,11 +13,18 @@
 3. **Re-partition** (ski rental). The same decision asks the partition planner for the best split
    at those speeds (:func:`~titan_morph.pipelining.partition.partition`); its planned step is
    ``gain`` ms shorter. From then on every step the run keeps the old split loses ``gain`` ms; once
-   the time lost reaches ``after`` x the relaunch cost (1: buy when the rent paid equals the price,
-   never more than twice the best choice in hindsight), and when the gain is at least ``min_gain``
+   the time lost reaches ``after`` x the relaunch cost, and when the gain is at least ``min_gain``
    of the step and the steps left can pay the cost back, :attr:`Partitioner.repartition` names the
-   new split. The trainer checkpoints and asks the launcher for a relaunch with it. A recovery is a
-   decision like any other: the split moves back the same way.
+   new split. The trainer checkpoints and asks the launcher for a relaunch with it. A later decision
+   (the same rank slower still, another rank slow) changes the gain, not the time already lost. A
+   recovery is a decision like any other: the split moves back the same way, at its own price.
+
+   The claim of ``after = 1`` and what it assumes: for one condition that holds until it ends, the
+   time lost to it (rent, then the relaunch) is at most twice what the best fixed choice in
+   hindsight loses -- when the relaunch cost is the one measured, the gain is the planner's (both
+   per condition), and a condition's move back is counted as its own purchase, under its own
+   condition. A relaunch cost measured low (the first launch's, see below) moves early: the bound
+   then holds against that lower price, not the real one.
 
 The relaunch cost is measured: on the first launch from the launcher's start to the end of the
 first step (no checkpoint was saved or loaded yet: an underestimate), on a relaunched one from the
@@ -279,12 +286,16 @@ class Partitioner:
         current = evaluate_split(problem, self.split)
         self.plan_ms = current.makespan_ms
         self._update_cost()
-        self._pending = None
+        was, self._pending = self._pending, None
         text = f"{reason} -> planned step {current.makespan_ms:.1f} ms"
         if look:
             best = partition(problem).best
             if best.layers_per_stage != self.split and best.makespan_ms < current.makespan_ms:
+                # the rent already paid for keeping this split stays paid: another rank's decision
+                # changes the gain from here on, not what was lost
                 self._pending = _Pending(step, best, current)
+                if was is not None:
+                    self._pending.since, self._pending.lost_ms = was.since, was.lost_ms
                 text += (
                     f"; layers per stage {list(layers_of(best.layers_per_stage))} would plan {best.makespan_ms:.1f} ms"
                 )
