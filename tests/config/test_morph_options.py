@@ -12,7 +12,7 @@ from tests.launch import DEFAULT_CONFIG, REPO
 from titan_morph.config import ConfigError, Inject, Morph, MorphSettings, Synthetic, resolve_morph
 from titan_morph.config.fields import Layout, check_unknown_keys
 from titan_morph.config.links import break_window, link_model
-from titan_morph.integration.titan022.jobconfig import CONFIG_MODULE, load, prepare_args
+from titan_morph.integration.titan022.jobconfig import CONFIG_MODULE, check_early, load, prepare_args
 
 
 def _resolved(morph: Morph, stages: int | None = None, limit: float | None = None) -> MorphSettings:
@@ -90,6 +90,7 @@ def test_every_shipped_config_passes_the_launch_checks():
     paths = sorted((REPO / "train_configs").glob("*.toml"))
     assert len(paths) >= 4
     for path in paths:
+        check_early(path, [])  # the checks before TorchTitan loads agree with the full ones
         cfg, settings = load(path)  # what ./run_train.sh runs before starting any rank
         assert settings.morph.inject.mode in ("none", "static", "random", "trace")
 
@@ -395,3 +396,51 @@ def test_the_default_path_on_its_own_nic_is_routed() -> None:
     traffic must then go through titan_morph's transport even without injection."""
     assert not resolve_morph(Morph()).routed
     assert resolve_morph(Morph(data_ifname="data")).routed
+
+
+def test_a_file_the_run_writes_is_checked_before_any_rank(tmp_path):
+    _resolved(Morph(profiles_file=str(tmp_path / "profiles.jsonl")), 4)
+    cases = [
+        (tmp_path / "missing" / "profiles.jsonl", "is in a folder that does not exist"),
+        (tmp_path, "is a folder"),
+    ]
+    for path, why in cases:
+        with pytest.raises(ConfigError) as err:
+            _resolved(Morph(profiles_file=str(path)), 4)
+        assert str(err.value).startswith("morph.profiles_file: ") and why in str(err.value), err.value
+
+
+EARLY = """
+import sys
+from titan_morph.config import ConfigError
+from titan_morph.integration.titan022.jobconfig import check_early
+try:
+    check_early(sys.argv[1], sys.argv[2:])
+    print("passed")
+except ConfigError as err:
+    print(err)
+assert "torch" not in sys.modules and "torchtitan" not in sys.modules, "the early checks imported torch"
+"""
+
+
+@pytest.mark.parametrize(
+    ("toml", "args", "expected"),
+    [
+        ("[morph]\ntransport = 'auto'\n", ["--morph.transport", "bogus"], "morph.transport: 'bogus' is not one of"),
+        ("[morph\n", [], "invalid TOML"),
+        ("[morph]\ntransprt = 'auto'\n", [], "morph.transprt: unknown key (did you mean transport?)"),
+        ("[morph]\ninject.delays_ms = [0, -5]\n", [], "morph.inject.delays_ms"),
+        ("[morph]\nmonitor = true\n", ["--morph.no-adapt", "--training.steps", "3"], "passed"),
+    ],
+)
+def test_early_checks_report_a_typo_before_torch_loads(tmp_path, toml, args, expected):
+    import subprocess
+    import sys
+
+    path = tmp_path / "job.toml"
+    path.write_text(toml)
+    out = subprocess.run(
+        [sys.executable, "-c", EARLY, str(path), *args], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert expected in out.stdout, out.stdout

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from titan_morph.comm.emulator.collectives import PairDelays
 from titan_morph.config.fields import fail, limit_reason
 from titan_morph.pipelining.links import (
     DIRECTIONS,
@@ -39,6 +38,7 @@ from titan_morph.pipelining.speeds import (
 )
 
 if TYPE_CHECKING:
+    from titan_morph.comm.emulator.collectives import PairDelays
     from titan_morph.config.settings import InjectSettings, MorphSettings, Settings
 
 __all__ = [
@@ -135,6 +135,8 @@ def pair_delays(inject: InjectSettings) -> PairDelays | None:
     if not inject.rank_links or inject.mode == "none":
         return None
     delays = inject.delays_ms * len(inject.rank_links) if len(inject.delays_ms) == 1 else inject.delays_ms
+    from titan_morph.comm.emulator.collectives import PairDelays  # torch: only where a job builds them
+
     return PairDelays(dict(zip(inject.rank_links, delays)), inject.start_step, inject.end_step)
 
 

@@ -10,6 +10,7 @@ against the job (:func:`check_joined`). Each raises one
 from __future__ import annotations
 
 import math
+import os
 from typing import TYPE_CHECKING
 
 from titan_morph.config.fields import Layout, fail, limit_reason
@@ -25,6 +26,7 @@ __all__ = [
     "check_job",
     "check_joined",
     "check_morph",
+    "check_written_file",
     "delay_limit_ms",
     "dp_degree",
     "microbatches",
@@ -213,8 +215,23 @@ def _check_inject(inj: InjectSettings, links: int | None, limit: float | None, t
         )
 
 
+def check_written_file(key: str, path: str) -> None:
+    """A file the run writes (appends to): its folder exists and this user may write there, so the
+    ranks do not fail on it after their start-up."""
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise fail(key, path, "is a folder: name a file in it")
+    if not os.path.isdir(folder):
+        raise fail(key, path, f"is in a folder that does not exist ({folder}): create it first or name another file")
+    if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise fail(key, path, f"cannot be written by this user (folder {folder})")
+
+
 def check_morph(morph: MorphSettings, layout: Layout, world: int | None) -> None:
     """``[morph]`` within itself, for the pipeline ``layout`` (parts of it may be unknown)."""
+    check_written_file("morph.profiles_file", morph.profiles_file)
     _check_rank_links(morph.inject, world)
     _check_budgets(morph, layout.stages or 1)
     if len(morph.host_interfaces) > 1:

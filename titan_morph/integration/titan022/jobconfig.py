@@ -26,11 +26,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from titan_morph.config import ConfigError, JobView, Settings, resolve
+from titan_morph.config import ConfigError, JobView, Settings, resolve, resolve_morph
 from titan_morph.config.cli import check_overrides, expand_negated_flags, option_fields
 from titan_morph.config.fields import check_unknown_keys
+from titan_morph.config.schema import Inject, Morph, Synthetic
 from titan_morph.config.schema import JobConfig as MorphJobConfig
-from titan_morph.config.schema import Morph
 from titan_morph.integration import common
 from titan_morph.integration.common import parse_quietly
 
@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # the launcher reads configs before torchtitan loads (it adap
 
 __all__ = [
     "CONFIG_MODULE",
+    "check_early",
     "config_file_of",
     "job_view",
     "load",
@@ -121,6 +122,32 @@ def prepare_args(argv: Sequence[str]) -> list[str]:
     job = toml.get("job", {})
     named_in_toml = isinstance(job, Mapping) and bool(job.get("custom_config_module"))
     return args if named_on_cli or named_in_toml else [*args, "--job.custom_config_module", CONFIG_MODULE]
+
+
+def _morph_overrides(argv: Sequence[str]) -> list[str]:
+    """The ``--morph.*`` options of ``argv`` with their values (the others left out)."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg.startswith("--morph."):
+            out.append(arg)
+            if "=" not in arg and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                out.append(argv[i + 1])
+    return out
+
+
+def check_early(config_file: str | Path, overrides: Sequence[str]) -> None:
+    """The launcher's checks that need no TorchTitan (which takes seconds to import): the TOML
+    parses, its ``[morph]`` keys exist and their values parse, and the ``--morph.*`` overrides name
+    options with values of their type. :func:`load` runs every check after it."""
+    toml = load_toml(config_file)
+    prepare_args(["--job.config_file", str(config_file)])  # the TOML's [morph] keys
+    options = _morph_options()
+    check_overrides(_morph_overrides(expand_negated_flags(overrides, options)), options)
+    table = toml.get("morph")
+    if isinstance(table, Mapping):
+        nested = {"inject": Inject, "synthetic": Synthetic}
+        values = {k: nested[k](**v) if k in nested and isinstance(v, Mapping) else v for k, v in table.items()}
+        resolve_morph(Morph(**values))
 
 
 def _parse_job_config(config_file: str | Path, overrides: Sequence[str]) -> TitanJobConfig:

@@ -33,9 +33,8 @@ from titan_morph.integration.launching import (
     ranks_option,
 )
 from titan_morph.integration.nodes import load_for_nodes, nodes_from_env
-from titan_morph.integration.shm_space import check_ring_space
 from titan_morph.integration.supervisor import TRAIN_MODULE
-from titan_morph.integration.titan022.jobconfig import config_file_of, load, without_config_file
+from titan_morph.integration.titan022.jobconfig import check_early, config_file_of, load, without_config_file
 
 if TYPE_CHECKING:  # torchtitan loads after the CPU adaptation (jobconfig.load runs it)
     from torchtitan.config import JobConfig
@@ -77,6 +76,8 @@ def message_bytes(job_config: JobConfig, settings: Settings) -> int | None:
 def run(config_file: str, overrides: list[str], *, nproc: int | None = None, log_rank: str = "") -> int:
     """``./run_train.sh``: check, then replace this process by the supervisor of torchrun (so the
     memory of the check's imports is not held during training). Returns only on a bad config."""
+    from titan_morph.integration.shm_space import check_ring_space  # torch: after the early checks
+
     nodes = nodes_from_env(os.environ)
     job_config, settings = load_for_nodes(lambda ranks: load(config_file, overrides, ranks=ranks), nodes, nproc)
     n, shown = checked_ranks(
@@ -106,6 +107,7 @@ def _dispatch(command: str, args: list[str], options: dict[str, str]) -> int:
     named = config_file_of(overrides)  # --job.config_file among the overrides wins, as in TorchTitan's CLI
     if named:
         config_file, overrides = named, without_config_file(overrides)
+    check_early(config_file, overrides)  # a typo in about a second, before TorchTitan loads
     if command == "ngpu":
         print(load(config_file, overrides)[1].world_size)
     elif command == "check":
