@@ -202,7 +202,8 @@ def test_sends_do_not_block_on_a_slow_link_and_missing_peer_times_out() -> None:
     accepted = dict(sender["sent"])
     for seq, completed in receiver["recv"]:
         observed = completed - accepted[seq]
-        assert 59.0 <= observed <= 60.0 + 250.0, f"message {seq}: observed delay {observed:.1f} ms (injected 60)"
+        # two ranks' clocks: their sync error (about 1 ms on a loaded host) on either side of the 60 ms
+        assert 58.0 <= observed <= 60.0 + 250.0, f"message {seq}: observed delay {observed:.1f} ms (injected 60)"
     msg = receiver["timeout"]
     assert "link 0 (fwd)" in msg and "stage 0" in msg and "did not arrive within 1 s" in msg, msg
     assert receiver["timeout_s"] < 5.0
