@@ -11,7 +11,7 @@ Per schedule it prints, over the steady steps (the detector's steps and the re-p
 measured slowdown -- the median pipeline time (``morph/pipeline_ms``) of the case less the
 undisturbed run's over the same steps -- against the attribution's estimate: the median of
 ``morph/straggler_cost_ms/link2`` (``rank3``) over those steps and the run summary's figure for the
-cause (its median over every step the cause was off its baseline), each as estimate / measured.
+cause (its median over every step the cause was charged: above the noise), each as estimate / measured.
 The acceptance is within 15 %. It also times the attribution itself: the simulations per step
 (``morph/attribution_ms`` in the runs; and here, the planner's timing routine at S = 4, N = 24 and
 S = 8, N = 32 with one cause and with every cause off its baseline).
