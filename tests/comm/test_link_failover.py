@@ -43,6 +43,14 @@ def _kill(tr, name: str) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def _until_heard(tr, link: int, bound_s: float = 60.0) -> None:
+    """Wait until this rank's failover transport heard that a delegate of ``link`` died."""
+    deadline = time.monotonic() + bound_s
+    while link not in tr.router.delegate_dead:
+        assert time.monotonic() < deadline, f"the death of link {link}'s delegate was not heard within {bound_s} s"
+        time.sleep(0.02)
+
+
 def _stream(rank: int, world: int, scenario: str) -> dict:
     import torch
     import torch.distributed as dist
@@ -80,7 +88,7 @@ def _stream(rank: int, world: int, scenario: str) -> dict:
                 tr.switch([0])  # refused on both ranks: the link's delegates failed
             if scenario == "standby" and step == 3 and rank == 0:
                 _kill(tr, "tm-recv-l0b0")
-                time.sleep(1.5)  # both ranks hear of it before the next switch
+                _until_heard(tr, 0)  # this rank heard of it before the next switch
             bufs = [torch.empty(64, 8) for _ in range(PER_STEP)]
             recvs = [tr.batch_p2p([dist.P2POp(dist.irecv, b, peer)])[0] for b in bufs]
             sends = []
@@ -91,7 +99,7 @@ def _stream(rank: int, world: int, scenario: str) -> dict:
                 if i == 1 and step == 4 and rank == 1 and scenario in ("fallback", "nopath"):
                     _kill(tr, "tm-send-l0b0")
                     if scenario == "nopath":
-                        time.sleep(1.5)  # reported before the next send: that send fails at issue
+                        _until_heard(tr, 0)  # reported before the next send: that send fails at issue
             for i, h in enumerate(recvs):
                 h.wait()
                 if not torch.equal(bufs[i], _payload(theirs, step, i)):
