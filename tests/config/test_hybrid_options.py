@@ -103,3 +103,20 @@ def test_fig19_scenario_and_its_variants():
         for variant in (nomove, move, full):
             _, cfg = load(HYBRID, ["--training.steps", "5", *variant.overrides, *case.overrides])
             assert cfg.morph.orchestrator == variant.overrides[-1]
+
+
+def test_rank_links_over_tp_lanes_take_each_links_slowest_lane():
+    from titan_morph.config.fields import Layout
+
+    named = Inject(mode="static", rank_links="0-2,1-5", delays_ms="60,20")
+    inject = resolve_morph(Morph(inject=named), Layout(3)).inject
+    lane0, lane1 = [0, 2, 4], [1, 3, 5]  # TP 2 x PP 3: lane 0 crosses 0-2 on link 0, lane 1 nothing named
+    assert link_model(inject, 2, hosts=lane0).inner == link_model(inject, 2, hosts=[lane0]).inner
+    assert link_model(inject, 2, hosts=lane1).inner.fwd == (0.0, 0.0)
+    assert link_model(inject, 2, hosts=[lane0, lane1]).inner.fwd == (60.0, 0.0)
+    assert link_model(inject, 2, hosts=[[0, 2, 4], [1, 3, 1]]).inner.fwd == (60.0, 0.0)
+    assert link_model(inject, 2, hosts=[[0, 2, 4], [5, 1, 3]]).inner.fwd == (60.0, 0.0)
+    assert link_model(inject, 2, hosts=[[0, 2, 4], [1, 5, 3]]).inner.fwd == (60.0, 0.0)
+    assert link_model(inject, 2, hosts=[[0, 2, 4], [3, 1, 5]]).inner.fwd == (60.0, 20.0)
+    with pytest.raises(ValueError, match="rank_links: the hosts of the pipeline's 3 stages"):
+        link_model(inject, 2, hosts=[lane0, [1, 3]])

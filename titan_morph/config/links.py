@@ -16,7 +16,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from titan_morph.config.fields import fail, limit_reason
 from titan_morph.pipelining.links import (
@@ -188,7 +188,7 @@ def link_model(
     inject: InjectSettings,
     num_links: int,
     steps: int = 200,
-    hosts: Sequence[int] | None = None,
+    hosts: Sequence[int] | Sequence[Sequence[int]] | None = None,
     message_bytes: MessageBytes | None = None,
 ) -> LinkModel | None:
     """The injected-delay model for ``num_links`` links (None when mode = none, or break, which
@@ -196,16 +196,22 @@ def link_model(
 
     ``steps`` (the run's training steps) rescales the built-in Table 3 trace onto the run. With
     ``rank_links``, ``hosts`` (the host of each stage of this pipeline, first to last) gives link
-    ``i`` the delay of the pair (hosts[i], hosts[i+1]). ``message_bytes`` (one size, or (fwd, bwd)
-    per link) turns the configured rates into transmit times; needed only when a rate is set.
+    ``i`` the delay of the pair (hosts[i], hosts[i+1]); given the hosts of several pipelines (the TP
+    lanes of one), each link gets its slowest lane's delay: what the step waits for.
+    ``message_bytes`` (one size, or (fwd, bwd) per link) turns the configured rates into transmit
+    times; needed only when a rate is set.
     """
     if inject.mode in ("none", "break") or not _links_emulated(inject):
         return None
     pairs = pair_delays(inject)
     if pairs is not None:
-        if hosts is None or len(hosts) != num_links + 1:
+        rows = _host_rows(hosts)
+        if not rows or any(len(row) != num_links + 1 for row in rows):
             raise ValueError(f"rank_links: the hosts of the pipeline's {num_links + 1} stages are needed, got {hosts}")
-        delays = tuple(pairs.delays.get((min(a, b), max(a, b)), 0.0) for a, b in zip(hosts, hosts[1:]))
+        delays = tuple(
+            max(pairs.delays.get((min(row[i], row[i + 1]), max(row[i], row[i + 1])), 0.0) for row in rows)
+            for i in range(num_links)
+        )
         return _Windowed(StaticDelays(delays), inject.start_step, inject.end_step, inject.direction)
     inner: LinkModel
     if inject.mode == "static":
@@ -228,6 +234,15 @@ def link_model(
         inner = table3_trace(num_links + 1, steps) if path == "table3" else TraceDelays.from_csv(path, num_links)
     inner = _with_bandwidth(inject, inner, num_links, message_bytes)
     return _Windowed(inner, inject.start_step, inject.end_step, inject.direction)
+
+
+def _host_rows(hosts: Sequence[int] | Sequence[Sequence[int]] | None) -> list[Sequence[int]]:
+    """``hosts`` as one row per pipeline (a single pipeline's list is one row)."""
+    if not hosts:
+        return []
+    if isinstance(hosts[0], int):
+        return [cast("Sequence[int]", hosts)]
+    return [cast("Sequence[int]", row) for row in hosts]
 
 
 def _links_emulated(inject: InjectSettings) -> bool:

@@ -45,7 +45,6 @@ from titan_morph.pipelining.model import CostModel, Plan
 from titan_morph.pipelining.simulate import simulate
 from titan_morph.runtime.exchange import StepExchange
 from titan_morph.runtime.schedule import MorphSchedule
-from titan_morph.runtime.summary import summary_lines
 from titan_morph.runtime.testbed import DeviceClock, StageTimes, pad_stage_compute, pad_stage_messages
 
 __all__ = [
@@ -58,7 +57,6 @@ __all__ = [
     "make_transport",
     "morph_builder",
     "prepare_stage",
-    "run_summary",
     "torch_builder",
 ]
 
@@ -567,29 +565,3 @@ def morph_builder(family: str) -> Callable[[ScheduleRequest], _PipelineSchedule]
 
     build_schedule.__doc__ = f"titan_morph's {family} plan in MorphSchedule."
     return build_schedule
-
-
-def run_summary(settings: Settings, schedule: object) -> list[str]:
-    """The end-of-run summary lines of a titan_morph schedule's last stage (else none): step time
-    before / during / after the injected straggler (or the steps the monitor held a link slow), and
-    ZB-H2 simulated under the same delays with the configured stage times, or the measured ones."""
-    if not isinstance(schedule, MorphSchedule) or not schedule.is_last_stage or not schedule.history:
-        return []
-    schedule.settle_costs()  # the last step's straggler costs, if still due
-    morph = settings.morph
-    plan_model = schedule.plan.model
-    stages = plan_model.stages
-    times = morph.stage_times(stages) or (schedule.monitor.times.times() if schedule.monitor is not None else None)
-    if times is None:
-        return []
-    model = cost_model(
-        morph, stages, plan_model.microbatches, memory=False, times=times, stages_per_rank=plan_model.stages_per_rank
-    )
-    return summary_lines(
-        schedule.history,
-        model=model,
-        links=schedule.transport.links,  # the delays the run had (per host pair with rank_links)
-        depth=morph.link_queue_depth,
-        decisions=schedule.monitor.decisions if schedule.monitor is not None else 0,
-        schedule=settings.job.schedule,
-    )

@@ -307,7 +307,7 @@ class MorphTrainerMethods:
         self._trained = True
         from torchtitan.tools.logging import logger
 
-        from titan_morph.integration.assembly import run_summary
+        from titan_morph.integration.summary import run_summary
 
         for line in run_summary(self.morph_settings, getattr(self, "pp_schedule", None)):
             logger.info(f"titan_morph: {line}")
