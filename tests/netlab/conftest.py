@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -27,3 +30,15 @@ def lab3(namespaces_ok: None) -> Iterator[Lab]:
         yield lab
     finally:
         down(PREFIX)
+
+
+def finish(proc: subprocess.Popen[str], timeout_s: float) -> str:
+    """``proc``'s output once it exits; past ``timeout_s`` its whole session is killed (it was
+    started with ``start_new_session``: the lab's runs and their ranks go with it)."""
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return out or ""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.netlab.conftest import PREFIX
+from tests.netlab.conftest import PREFIX, finish
 from titan_morph.comm.machine.system import segments_in_use, shm_segments
 from titan_morph.netlab.lab import Lab, LabError, lab_namespaces
 from titan_morph.netlab.schedule import Controller, Event, StepLog, parse_schedule
@@ -93,12 +92,7 @@ def _break_at_step_3(tmp_path: Path, transport: str) -> tuple[int, str, Path]:
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env, start_new_session=True
     )
-    try:
-        out, _ = proc.communicate(timeout=420)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    out = finish(proc, 420)
     return proc.returncode, out, dump
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.netlab.conftest import PREFIX
+from tests.netlab.conftest import PREFIX, finish
 from titan_morph.comm.machine.system import segments_in_use, shm_segments
 from titan_morph.netlab.lab import Lab, lab_namespaces
 from titan_morph.netlab.run import NIC_BYTES_FILE, with_lab_nics
@@ -73,12 +73,7 @@ def test_two_nodes_of_two_ranks_train_with_the_losses_of_one_node(
     dump, before = tmp_path / "run", shm_segments()
     args = ["--training.steps", "3", "--morph.transport", transport]
     proc = _netlab_run(dump, "--nodes", "2", "--ranks-per-node", "2", "--", *args)
-    try:
-        out, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    out = finish(proc, 240)
     assert proc.returncode == 0, out[-3000:]
     losses = {int(step): float(loss) for step, loss in LOSS_RE.findall(out)}
     assert [losses.get(step) for step in (1, 2, 3)] == one_node_losses[:3], out[-3000:]
@@ -116,12 +111,7 @@ def test_tp_inside_a_node_and_pp_across_two_trains_with_the_losses_of_one_node(
     want = {int(step): float(loss) for step, loss in LOSS_RE.findall(one.stdout + one.stderr)}
     dump, before = tmp_path / "run", shm_segments()
     proc = _netlab_run(dump, "--nodes", "2", "--ranks-per-node", "2", "--", *tp)
-    try:
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    out = finish(proc, 300)
     assert proc.returncode == 0, out[-3000:]
     got = {int(step): float(loss) for step, loss in LOSS_RE.findall(out)}
     assert sorted(want) == [1, 2, 3] and got == want, (got, want)
