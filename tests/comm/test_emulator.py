@@ -134,14 +134,22 @@ def _clock_error_ms(result: dict, delays) -> list[float]:
     return [clock.error_ms(link) + clock.error_ms(link + 1) for (link, _d, _seq), *_ in delays]
 
 
-def _assert_accurate(errors: list[float], clock_error_ms: list[float]) -> None:
-    """Never early (beyond the clock's own error bound); typically within TOL_MS. Lateness beyond
-    that is scheduling noise of a loaded machine (the printed distribution shows it), so only the
-    median and 75% are held to TOL_MS."""
+TIMED = [
+    pytest.param(False, id="delivery"),
+    # how close to the planned time messages arrive: a busy host makes them late, so slow runs only
+    pytest.param(True, id="accuracy", marks=pytest.mark.slow),
+]
+
+
+def _assert_delivery(errors: list[float], clock_error_ms: list[float], timed: bool) -> None:
+    """Never early (beyond the clock's own error bound): load only makes a message late. ``timed``:
+    also typically within TOL_MS -- lateness beyond that is scheduling noise of a loaded machine
+    (the printed distribution shows it), so only the median and 75% are held to TOL_MS."""
     early = [(e, c) for e, c in zip(errors, clock_error_ms) if e < -(0.5 + c)]
     assert not early, f"messages arrived before their delay elapsed (error, clock bound): {early}"
-    assert statistics.median(errors) <= TOL_MS
-    assert sum(e <= TOL_MS for e in errors) >= 0.75 * len(errors)
+    if timed:
+        assert statistics.median(errors) <= TOL_MS
+        assert sum(e <= TOL_MS for e in errors) >= 0.75 * len(errors)
 
 
 def _report(name: str, delays) -> list[float]:
@@ -160,7 +168,8 @@ def _report(name: str, delays) -> list[float]:
     return errors
 
 
-def test_static_delay_both_directions_fifo_payloads():
+@pytest.mark.parametrize("timed", TIMED)
+def test_static_delay_both_directions_fifo_payloads(timed: bool):
     from titan_morph.pipelining.links import StaticDelays
 
     n = 30
@@ -172,10 +181,11 @@ def test_static_delay_both_directions_fifo_payloads():
     for (_link, d, _seq), want, *_ in delays:
         assert want == (20.0 if d == "fwd" else 50.0)
     errors = _report("static 20/50 ms", delays)
-    _assert_accurate(errors, _clock_error_ms(res[0], delays))
+    _assert_delivery(errors, _clock_error_ms(res[0], delays), timed)
 
 
-def test_four_ranks_all_links_both_directions():
+@pytest.mark.parametrize("timed", TIMED)
+def test_four_ranks_all_links_both_directions(timed: bool):
     from titan_morph.pipelining.links import StaticDelays
 
     n = 10
@@ -188,7 +198,7 @@ def test_four_ranks_all_links_both_directions():
     for (link, d, _seq), want, *_ in delays:
         assert want == model.delay_ms(link, d)
     errors = _report("4 ranks static", delays)
-    _assert_accurate(errors, _clock_error_ms(res[0], delays))
+    _assert_delivery(errors, _clock_error_ms(res[0], delays), timed)
 
 
 def _blocking(rank: int, world: int, delay: float, depths: list) -> dict:
@@ -222,8 +232,10 @@ def _blocking(rank: int, world: int, delay: float, depths: list) -> dict:
     return out
 
 
-def test_blocking_depth_matches_link_queue():
-    """depth=d blocks the caller exactly as LinkQueue predicts (head-of-line); depth=None never blocks."""
+@pytest.mark.parametrize("timed", TIMED)
+def test_blocking_depth_matches_link_queue(timed: bool):
+    """depth=d blocks the caller exactly as LinkQueue predicts (head-of-line); depth=None never blocks.
+    The caller's measured blocking, at least the predicted one; ``timed``: and not much more."""
     from titan_morph.pipelining.links import LinkQueue, StaticDelays
 
     delay = 50.0
@@ -237,13 +249,15 @@ def test_blocking_depth_matches_link_queue():
             want = q.send(rec.issued)
             assert rec.accepted == pytest.approx(want.accepted) and rec.planned == pytest.approx(want.delivered)
             # The caller really was blocked that long: never less, and more only by issue overhead
-            # and scheduling noise (a loaded 2-core machine: allow 5 ms).
-            assert want.blocked - 0.5 <= call_ms <= want.blocked + 5.0
+            # and scheduling noise (a quiet 2-core machine: within 5 ms).
+            assert want.blocked - 0.5 <= call_ms
+            assert call_ms <= want.blocked + 5.0 or not timed
         print(f"depth={depth}: blocked per call {[round(c, 1) for c in sender[depth]['calls']]} ms")
-    assert sender[1]["blocked"] == pytest.approx(3 * delay, abs=3 * TOL_MS)
-    assert sender[2]["blocked"] == pytest.approx(delay, abs=2 * TOL_MS)
     assert sender[None]["blocked"] == 0.0
-    assert max(sender[None]["calls"]) < TOL_MS
+    if timed:  # back-to-back issues: a busy host spreads them and each blocks less
+        assert sender[1]["blocked"] == pytest.approx(3 * delay, abs=3 * TOL_MS)
+        assert sender[2]["blocked"] == pytest.approx(delay, abs=2 * TOL_MS)
+        assert max(sender[None]["calls"]) < TOL_MS
 
 
 def _stream(rank: int, world: int, model, n: int, gap_ms: float, steps=None) -> dict:
@@ -278,39 +292,42 @@ def _stream(rank: int, world: int, model, n: int, gap_ms: float, steps=None) -> 
     return {"records": gathered, "clock": clock}
 
 
-def _check_model(name: str, result: dict, model) -> list[float]:
+def _check_model(name: str, result: dict, model, timed: bool) -> list[float]:
     delays = _delays(result)
     for _msg, want, _obs, s, _r in delays:
         # The recorded intended delay is the shared model's value at acceptance (same on every rank).
         assert s.delay_ms == model.delay_ms(0, "fwd", s.accepted, s.step)
         assert want >= s.delay_ms - 1e-9  # FIFO may hold a message behind a slower predecessor
     errors = _report(name, delays)
-    _assert_accurate(errors, _clock_error_ms(result, delays))
+    _assert_delivery(errors, _clock_error_ms(result, delays), timed)
     return sorted({s.delay_ms for *_, s, _r in delays})
 
 
-def test_time_keyed_trace_switches_delay():
+@pytest.mark.parametrize("timed", TIMED)
+def test_time_keyed_trace_switches_delay(timed: bool):
     from titan_morph.pipelining.links import TraceDelays, TraceEvent
 
     trace = TraceDelays(1, (TraceEvent(0, 0, 10.0), TraceEvent(250, 0, 40.0)), key="time_ms")
-    seen = _check_model("trace time_ms", run_ranks(_stream, 2, trace, 25, 15.0, timeout=60)[0], trace)
+    seen = _check_model("trace time_ms", run_ranks(_stream, 2, trace, 25, 15.0, timeout=60)[0], trace, timed)
     assert seen == [10.0, 40.0]
 
 
-def test_random_delays_redrawn_over_time():
+@pytest.mark.parametrize("timed", TIMED)
+def test_random_delays_redrawn_over_time(timed: bool):
     from titan_morph.pipelining.links import RandomDelays
 
     rnd = RandomDelays(1, mean=30.0, std=10.0, interval=(40.0, 80.0), seed=3)
-    seen = _check_model("random N(30,10)", run_ranks(_stream, 2, rnd, 30, 12.0, timeout=60)[0], rnd)
+    seen = _check_model("random N(30,10)", run_ranks(_stream, 2, rnd, 30, 12.0, timeout=60)[0], rnd, timed)
     assert len(seen) >= 3
 
 
-def test_step_keyed_trace_follows_set_step():
+@pytest.mark.parametrize("timed", TIMED)
+def test_step_keyed_trace_follows_set_step(timed: bool):
     from titan_morph.pipelining.links import TraceDelays, TraceEvent
 
     steps = [0] * 4 + [1] * 4 + [2] * 4
     trace = TraceDelays(1, (TraceEvent(1, 0, 30.0), TraceEvent(2, 0, 10.0)), key="step")
-    seen = _check_model("trace step", run_ranks(_stream, 2, trace, 12, 15.0, steps, timeout=60)[0], trace)
+    seen = _check_model("trace step", run_ranks(_stream, 2, trace, 12, 15.0, steps, timeout=60)[0], trace, timed)
     assert seen == [0.0, 10.0, 30.0]
 
 
