@@ -167,12 +167,15 @@ class DefaultPathWaits:
             queue = self._jobs.get((key, gen))
             if queue is None:
                 queue = self._jobs[(key, gen)] = deque()
-                router.thread(lambda: self._waiter(key, gen), f"titan_morph-sendwait-{link}{key[1]}")
+                router.thread(lambda: self._waiter(key, gen), f"titan_morph-wait-{link}{key[1]}")
             queue.append(job)
             router.wake.notify_all()
             while not job.done:
                 if router.gen[link] != gen:
                     return False
+                if router.closed:  # its waiter is gone with the transport
+                    where = f"{router.where()}: link {link} ({key[1]})"
+                    raise CommTimeoutError(f"{where}: the transport closed during a wait")
                 # the waiter's own wait ends at the deadline; the margin lets its verdict arrive
                 left = deadline + 1.0 - time.monotonic()
                 if left <= 0:
