@@ -251,3 +251,11 @@ def test_a_quiet_run_says_no_straggler_and_a_charged_one_names_it_in_the_head_li
     lines = summary_lines(quiet, model=BASE, links=None, depth=2, decisions=0, schedule="ZBH2")
     assert lines[0].startswith("run summary: straggler rank 3 (costs below);"), lines
     assert lines[-1].split()[:2] == ["rank", "3"]
+
+
+def test_a_cost_the_measured_step_does_not_show_is_not_charged():
+    gate = CostGate(DetectRule(detect_steps=3, margin=0.1))
+    _quiet_steps(gate, range(1, 11))  # median 1008 ms, noise 50.4 ms
+    # rank 2's op times read slow for five steps (its simulated cost 200 ms), the step itself did not
+    assert all(gate.admit(_att(step, {"rank2": 200.0}), 1012.0) == [] for step in range(11, 16))
+    assert gate.charged() == ()

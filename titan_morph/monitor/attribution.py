@@ -26,7 +26,8 @@ few numbers per rank and link, whatever the run's length.
 
 **Significant.** A simulated cost is charged (summary, TensorBoard) only when it is more than the
 step's noise (:class:`CostGate`): while the monitor holds the cause (a link it holds slow), or once
-the cost stayed above the noise for ``detect_steps`` steps in a row (those steps charged then), until
+the cost -- and the measured step's excess over the quiet steps' median -- stayed above the noise
+for ``detect_steps`` steps in a row (those steps charged then), until
 it stays below for ``recover_steps`` -- the detectors' own hysteresis. The noise is three standard
 deviations (from the median absolute deviation) of the pipeline time over the last quiet steps, and
 at least half the detector's margin of their median: a cost smaller than that is what the step
@@ -156,6 +157,7 @@ class StragglerCosts:
         self.stages, self.stages_per_rank = stages, stages_per_rank
         self.ranks = stages // stages_per_rank
         self.rule, self.profile_steps = rule, max(1, profile_steps)
+        self.gate = CostGate(rule)  # which of the costs it times are charged
         self.costs: tuple[LayerCost, ...] | None = None  # per rank: its op time at speed 1 (kinds summed by stage)
         self.stage_times: tuple[Triple, ...] | None = None  # per stage at speed 1
         self.baseline_transmit: tuple[float, ...] = (0.0,) * (self.ranks - 1)
@@ -314,10 +316,13 @@ class CostGate:
         confirmed included."""
         noise = self.noise_ms()
         limit = 0.5 * self.rule.margin * step_ms if noise is None else noise
+        # a cost is real only where the measured step was slower too: one rank's op times can
+        # wander above their baseline while the pipeline's step does not
+        slower = not self._quiet or step_ms - statistics.median(self._quiet) > limit
         out: list[tuple[int, str, float, float]] = []
         for cause in sorted(set(att.off) | set(self._pending) | set(self._confirmed)):
             ms = att.costs.get(cause, 0.0) if cause in att.off else 0.0
-            above = ms > limit
+            above = ms > limit and slower
             if cause in held and ms > 0:
                 above = True
             if cause in self._confirmed:

@@ -35,7 +35,7 @@ from titan_morph.comm.recorded import probe_train
 from titan_morph.comm.scope import use_transport
 from titan_morph.comm.transport import Handle, RateProbeable, TorchTransport, Transport
 from titan_morph.monitor.adapt import Change, Monitor
-from titan_morph.monitor.attribution import Attribution, CostGate, Measured, StragglerCosts
+from titan_morph.monitor.attribution import Attribution, Measured, StragglerCosts
 from titan_morph.monitor.profile import PROBE_PATH, MessageStamp, StepProfile
 from titan_morph.pipelining.model import Plan, validate_orders
 from titan_morph.pipelining.simulate import simulate
@@ -213,7 +213,6 @@ class MorphSchedule(_PipelineScheduleRuntime):
             )
         self.last_attribution: Attribution | None = None
         self.last_charged: dict[str, float] = {}  # the costs of the last attribution's step above the noise
-        self._cost_gate = CostGate(monitor.detector.rule) if self.attribution is not None and monitor else None
         self._costs_due: tuple[Measured, Plan, int | None, float | None] | None = None
         for st in stages:
             self._instrument(st, per_stage=per_rank > 1)
@@ -365,9 +364,9 @@ class MorphSchedule(_PipelineScheduleRuntime):
             return
         self.last_attribution = att
         step_ms = step_ms if step_ms is not None else att.makespan_ms
-        assert self._cost_gate is not None and self.monitor is not None
+        assert self.monitor is not None  # the attribution runs only with a monitor
         held = {f"link{link}" for link in self.monitor.detector.slow_links}
-        charged = self._cost_gate.admit(att, step_ms, held)
+        charged = self.attribution.gate.admit(att, step_ms, held)
         self.last_charged = {cause: ms for step, cause, ms, _ in charged if step == att.step}
         for step, cause, ms, total in charged:
             self.history.costs.add(step, {cause: ms}, total)
