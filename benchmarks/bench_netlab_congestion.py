@@ -99,6 +99,13 @@ def _trace(rates: list[tuple[int, float]]) -> list[Event]:
     ]
 
 
+def _mean_pipeline(scalars: dict[str, dict[int, float]]) -> float | None:
+    """The mean of a run's steps after the first (titan_morph's pipeline span, else the step)."""
+    values = scalars.get(PIPELINE_TAG) or scalars.get(STEP_TIME_TAG) or {}
+    kept = [v for s, v in values.items() if s >= 2]
+    return statistics.fmean(kept) if kept else None
+
+
 def _median(values: dict[int, float], first: int, last: int | None = None) -> float | None:
     kept = [v for s, v in values.items() if s >= first and (last is None or s <= last)]
     return statistics.median(kept) if kept else None
@@ -349,19 +356,28 @@ def report(opts: argparse.Namespace, logdir: Path, tcp: dict[str, float]) -> str
         phases = [(1, rows[0][0] - 1, 0.0), *[(s, (rows[i + 1][0] - 1 if i + 1 < len(rows) else opts.steps), rt)
                   for i, (s, rt) in enumerate(rows)]]  # fmt: skip
         out += ["", "Trace (rate by step): " + ", ".join(f"steps {a}-{b}: {rt:g} Mbit/s" for a, b, rt in phases), ""]
-        out += ["| schedule | " + " | ".join(f"steps {max(a, 2)}-{b} ms" for a, b, _ in phases) + " | detected after |",
-                "|---|" + "---:|" * (len(phases) + 1)]  # fmt: skip
+        # each phase from its (settle + 1)-th step: what a schedule reached in it, not how it got there
+        firsts = [max(a + opts.settle, 2) if a > 1 else max(a, 2) for a, _, _ in phases]
+        heads = " | ".join(f"steps {f}-{b} ms" for f, (_, b, _) in zip(firsts, phases))
+        out += [f"| schedule | {heads} | detected after |", "|---|" + "---:|" * (len(phases) + 1)]
+        got: dict[str, list[float | None]] = {}
         for v in ("ZBH2", "PipeMorph"):
             if ("trace", v) not in tb:
                 continue
             scalars = tb["trace", v]
-            times = [_measured(scalars, max(a, 2), b)[0] for a, b, _ in phases]
+            times = got[v] = [_measured(scalars, f, b)[0] for f, (_, b, _) in zip(firsts, phases)]
             det = _detected(scalars, rows[0][0])
             out.append(
                 f"| {v} | "
                 + " | ".join("—" if c is None else f"{c:.1f}" for c in times)
                 + f" | {'never' if det is None else f'{det} step(s)'} |"
             )
+        if len(got) == 2:
+            ratios = [m / z if m and z else None for m, z in zip(got["PipeMorph"], got["ZBH2"])]
+            out.append("| PipeMorph / ZBH2 | " + " | ".join("—" if r is None else f"{r:.3f}" for r in ratios) + " | |")
+            means = {v: _mean_pipeline(tb["trace", v]) for v in got}
+            if all(means.values()):
+                out.append(f"\nWhole run: ZBH2 / PipeMorph = {means['ZBH2'] / means['PipeMorph']:.3f} (mean step)")
     out += _rate_runs(opts, logdir, tcp)
     out += _sweep_table(opts, logdir, tcp, measured.get(("shaped", "PipeMorph")), measured)
     return "\n".join(out)
@@ -428,6 +444,7 @@ def main() -> None:
     parser.add_argument("--message-kb", type=float, default=64.0, help="KiB per message (default 64)")
     parser.add_argument("--steps", type=int, default=16, help="training steps per job")
     parser.add_argument("--skip", type=int, default=6, help="first steps left out of the medians")
+    parser.add_argument("--settle", type=int, default=6, help="trace: each phase's first steps left out of its median")
     parser.add_argument("--base-latency", type=float, help="ms per message in the simulated links (default: measured)")
     parser.add_argument("--logdir", type=Path, help="keep the comparisons here (default: a temporary folder)")
     parser.add_argument("--repeats", type=int, default=5, help="ZBH2 runs under the limit whose rate is read")

@@ -42,6 +42,20 @@ def test_compute_trace_sets_factors_and_emulates_no_link(tmp_path):
     assert link_model(settings.inject, 3) is None
 
 
+def test_one_trace_file_drives_links_and_ranks(tmp_path):
+    trace = tmp_path / "both.csv"
+    trace.write_text("step,link,delay_ms,bandwidth_mbit,rank,compute_factor\n4,2,40,,,\n10,2,0,5,,\n7,,,,1,2\n")
+    settings = resolve_morph(_morph(inject={"mode": "trace", "trace_file": str(trace)}), Layout(4))
+    ranks = compute_model(settings.inject, 4)
+    assert ranks is not None and [ranks.factor(1, s) for s in (6, 7)] == [1.0, 2.0]
+    links = link_model(settings.inject, 3, message_bytes=64 * 1024)
+    assert links is not None and links.delay_ms(2, "fwd", step=5) == 40.0 and links.delay_ms(2, "fwd", step=10) == 0.0
+    assert links.transmit_ms(2, "fwd", step=10) > 100.0 > links.transmit_ms(2, "fwd", step=5)  # 64 KiB at 5 Mbit/s
+    trace.write_text("step,link,delay_ms,rank,compute_factor\n4,7,40,,\n")
+    with pytest.raises(ConfigError, match=r"morph\.inject\.trace_file.*out of range"):
+        resolve_morph(_morph(inject={"mode": "trace", "trace_file": str(trace)}), Layout(4))
+
+
 def test_synthetic_layers_are_timed_per_layer_and_summed_per_stage():
     morph = _morph(synthetic={"enabled": True, "layers": 6, "fwd_ms": "1,2,3,4,5,6", "bwd_ms": 2, "wgt_ms": 1})
     settings = resolve_morph(morph, Layout(3), split=(1, 2, 3))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from titan_morph.monitor.adapt import AdaptPolicy, Monitor
 from titan_morph.monitor.detect import DetectRule
 from titan_morph.monitor.profile import MessageStamp, StepProfile
 from titan_morph.pipelining.builders import build
 from titan_morph.pipelining.model import CostModel
+from titan_morph.pipelining.simulate import makespan
 
 S, N, T = 4, 12, 10.0
 
@@ -112,3 +115,65 @@ def test_varying_slow_links_are_planned_for_their_samples():
     assert _monitor(policy=AdaptPolicy(samples=0)).delay_samples(decision) is None
     change = mon._adapt(decision)  # the robust search runs and returns a valid plan for the samples
     assert change.plan.model.stages == S and change.switch == ()
+
+
+def _run(mon: Monitor, delays: list[tuple[float, ...]]) -> dict[int, object]:
+    active, changes = mon.initial_plan, {}
+    for step, d in enumerate(delays, start=1):
+        change = mon.observe(step, _profiles(step, d), active)
+        if change is not None:
+            changes[step] = change
+            active = change.plan
+    return changes
+
+
+CAPPED = AdaptPolicy(memory=5, depth=2)  # adapted plans under a memory cap, on a blocking link queue
+
+
+def test_an_eased_link_is_replanned_when_the_simulator_says_it_pays():
+    """60 ms, then 20 ms on link 2: under a memory cap the plan made for 60 ms spends its in-flight
+    budget on slack the 20 ms does not need; the monitor moves to Alg. 2's plan for 20 ms after k
+    steps of it, long before the link recovers."""
+    mon = _monitor(policy=CAPPED)
+    changes = _run(mon, [(0.0, 0.0, 60.0)] * 3 + [(0.0, 0.0, 20.0)] * 4)
+    assert sorted(changes) == [2, 5], changes
+    eased = changes[5]
+    assert eased.delays_ms == (0.0, 0.0, 20.0) and eased.plan.orders != changes[2].plan.orders
+    assert "link 2 eased" in eased.reasons[0] and "simulated step" in eased.reasons[0]
+    # the simulator's figures behind it: the new plan is faster under 20 ms than the one for 60 ms
+    model = mon.times.model(N, (0.0, 0.0, 20.0), memory=5)
+    assert makespan(model, eased.plan.orders, depth=2) < 0.99 * makespan(model, changes[2].plan.orders, depth=2)
+    assert mon.detector.slow_links == (2,) and mon.replans == 2
+
+
+def test_a_move_that_gains_nothing_is_refused_and_not_asked_again():
+    mon = _monitor()  # delegated links, no memory cap: the plan for 60 ms costs nothing under 20 ms
+    asked = []
+    verdict = mon.verdict
+
+    def counting(*args):
+        got = verdict(*args)
+        asked.append(got)
+        return got
+
+    mon.verdict = counting  # type: ignore[method-assign]
+    changes = _run(mon, [(0.0, 0.0, 60.0)] * 3 + [(0.0, 0.0, 20.0)] * 8)
+    assert sorted(changes) == [2], changes
+    assert len(asked) == 1 and not asked[0].pays and "simulated step 410 -> 410 ms" in asked[0].why
+    assert mon.detector.links[2].planned_ms == 60.0  # the running plan's condition stands
+
+
+def test_a_condition_that_clears_returns_the_initial_plan_before_the_link_recovers():
+    mon = Monitor(
+        num_stages=S,
+        microbatches=N,
+        initial_plan=build("pipemorph", CostModel.uniform(S, N, T, T, T, memory=S)),
+        fallback_times=((T, T, T),) * S,
+        rule=DetectRule(detect_steps=2, recover_steps=4),
+        policy=replace(CAPPED, delegate_slow_links=True),
+    )
+    changes = _run(mon, [(0.0, 0.0, 60.0)] * 3 + [(0.0, 0.0, 0.5)] * 5)
+    assert sorted(changes) == [2, 5, 7], changes
+    assert changes[5].plan is mon.initial_plan and changes[5].restore == ()  # planned as healthy, still slow
+    assert mon.detector.slow_links == () and changes[7].restore == (2,)  # recovered: back to the default path
+    assert changes[7].plan is mon.initial_plan and mon.decisions == 3 and mon.replans == 2

@@ -71,6 +71,21 @@ def test_detector_hysteresis_slow_then_recovered():
     assert "rank 1 slow: op time 2.00x its baseline" in decisions[4].reasons[0]
 
 
+def test_a_rank_back_at_its_baseline_is_planned_at_speed_1_before_it_recovers():
+    det = SpeedDetector(2, DetectRule(detect_steps=2, recover_steps=4))
+    decisions = {}
+    for step, speed in enumerate([0.5, 0.5, 0.7, 0.7, 1.0, 0.99, 1.0, 1.0], start=1):
+        got = det.update(step, [1.0, speed])
+        if got is not None:
+            decisions[step] = got
+    assert sorted(decisions) == [2, 4, 6, 8], decisions
+    assert decisions[4].speeds == (1.0, 0.7) and "faster" in decisions[4].reasons[0]
+    # k steps back at the baseline: planned at 1, still reported slow; recovered after m
+    assert decisions[6].speeds == (1.0, 1.0) and decisions[6].slow_ranks == (1,)
+    assert "at its baseline" in decisions[6].reasons[0]
+    assert decisions[8].recovered == (1,) and decisions[8].slow_ranks == ()
+
+
 def test_replans_at_detection_then_moves_once_the_lost_time_pays_the_relaunch():
     part = _partitioner()
     plans = {}

@@ -11,7 +11,6 @@ known), so the emulator and the simulator time the same bytes.
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 from collections.abc import Sequence
@@ -35,6 +34,7 @@ from titan_morph.pipelining.speeds import (
     TraceFactors,
     WindowedFactors,
     is_compute_trace,
+    sets_links,
 )
 
 if TYPE_CHECKING:
@@ -65,17 +65,6 @@ def trace_path(spec: str) -> str:
     return spec if spec in BUILTIN_TRACES else os.path.expanduser(spec)
 
 
-def _short_row(path: str) -> str:
-    """Where a trace CSV has a row with fewer fields than its header ('' if none)."""
-    with open(path, newline="") as fh:
-        rows = list(csv.reader(fh))
-    header = len(rows[0]) if rows else 0
-    for line, row in enumerate(rows[1:], 2):
-        if row and len(row) < header:
-            return f"line {line} has {len(row)} fields, the header has {header}"
-    return ""
-
-
 def check_trace(spec: str, links: int | None, limit: float | None) -> None:
     """A trace file exists, parses for ``links`` links and stays within the delay ``limit``."""
     key = "morph.inject.trace_file"
@@ -86,19 +75,19 @@ def check_trace(spec: str, links: int | None, limit: float | None) -> None:
         return
     if not os.path.isfile(path):
         raise fail(key, spec, "file not found")
-    if is_compute_trace(path):
-        try:
+    try:
+        if is_compute_trace(path):
             TraceFactors.from_csv(path, links + 1 if links is not None else 1 << 30)
-        except ValueError as err:
-            raise fail(key, spec, str(err)) from None
-        return
+        if not sets_links(path):
+            return
+    except ValueError as err:
+        raise fail(key, spec, str(err)) from None
     if links is None:
         return
     try:
         trace = TraceDelays.from_csv(path, links)
-    except (ValueError, KeyError, TypeError) as err:
-        short = _short_row(path) if isinstance(err, TypeError) else ""
-        raise fail(key, spec, short or str(err)) from None
+    except (ValueError, KeyError) as err:
+        raise fail(key, spec, str(err)) from None
     worst = max((e.delay_ms for e in trace.events if math.isfinite(e.delay_ms)), default=0.0)
     if limit is not None and worst > limit:
         raise fail(key, spec, f"has a delay of {worst:g} ms; {limit_reason(limit)}")
@@ -254,8 +243,14 @@ def _links_emulated(inject: InjectSettings) -> bool:
         return not (quiet and inject.compute_factor)
     if inject.mode == "trace":
         path = trace_path(inject.trace_file)
-        return path in BUILTIN_TRACES or not (os.path.isfile(path) and is_compute_trace(path))
+        return path in BUILTIN_TRACES or not os.path.isfile(path) or sets_links(path)
     return inject.mode != "none"
+
+
+def _trace_sets_ranks(inject: InjectSettings) -> bool:
+    """Whether ``inject``'s trace file has rank rows (compute factors)."""
+    path = trace_path(inject.trace_file)
+    return path not in BUILTIN_TRACES and os.path.isfile(path) and is_compute_trace(path)
 
 
 def compute_model(inject: InjectSettings, ranks: int) -> ComputeModel | None:
@@ -268,7 +263,7 @@ def compute_model(inject: InjectSettings, ranks: int) -> ComputeModel | None:
         inner = StaticFactors(factors)
     elif inject.mode == "random" and factors:
         inner = RandomFactors(factors, inject.seed)
-    elif inject.mode == "trace" and not _links_emulated(inject):
+    elif inject.mode == "trace" and _trace_sets_ranks(inject):
         inner = TraceFactors.from_csv(trace_path(inject.trace_file), ranks)
     else:
         return None

@@ -176,7 +176,7 @@ def _check_compute(inj: InjectSettings, synthetic: SyntheticSettings) -> None:
         return
     key, shown = "morph.inject.compute_factor", list(inj.compute_factor)
     if inj.mode not in ("static", "random"):
-        why = "a trace sets the factors itself (columns step, rank, compute_factor)" if inj.mode == "trace" else ""
+        why = "a trace sets the factors itself (its rank rows)" if inj.mode == "trace" else ""
         raise fail(key, shown, f"needs mode = static or random, got mode = {inj.mode!r}" + (f": {why}" if why else ""))
     if not synthetic.enabled and min(inj.compute_factor) < 1:
         raise fail(key, shown, "has a factor below 1: only the synthetic testbed's padded ops can run faster (>= 1)")

@@ -114,8 +114,9 @@ class Inject:
     """random mode: seed; every rank (and the simulator) sees the same delays for a seed."""
 
     trace_file: str = ""
-    """trace mode: CSV with columns step|time_ms, link, delay_ms[, direction][, bandwidth_mbit]; or
-    "table3" for the built-in (rescaled) Table 3 trace of the paper."""
+    """trace mode: a CSV file whose rows each set a link (step|time_ms, link, delay_ms[, direction][,
+    bandwidth_mbit]) or a rank (step, rank, compute_factor), one file for both; or "table3" for the
+    built-in (rescaled) Table 3 trace of the paper."""
 
     bandwidth_mbit: Annotated[FloatList, Range(0), Per("link")] = field(default_factory=list)
     """Per-link rate in Mbit/s (one value per link, or one for all; 0 = unlimited): a link then
@@ -132,7 +133,7 @@ class Inject:
     ([1, 1, 1, 2]: rank 3 alone), which belongs to the rank's host and moves with it when the
     orchestrator moves hosts (a slow GPU). static mode: from ``start_step`` to ``end_step``; random mode:
     each rank whose value is above 1 draws its factor per step from U(1, value) (``seed``); trace
-    mode: not used, a trace with the columns step, rank, compute_factor sets the factors. The
+    mode: not used, the trace's rank rows (step, rank, compute_factor) set the factors. The
     synthetic testbed pads its ops to their time x the factor; the real model sleeps (factor - 1) x
     each op's measured time after it (so below 1 only on the testbed). [] = none."""
 

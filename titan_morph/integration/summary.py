@@ -49,4 +49,5 @@ def run_summary(settings: Settings, schedule: object) -> list[str]:
         depth=morph.link_queue_depth,
         decisions=schedule.monitor.decisions if schedule.monitor is not None else 0,
         schedule=settings.job.schedule,
+        replans=schedule.monitor.replans if schedule.monitor is not None else None,
     )

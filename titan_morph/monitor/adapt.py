@@ -25,11 +25,12 @@ import math
 import random
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from titan_morph.monitor.delays import LinkEstimate, estimate_links, quantile
-from titan_morph.monitor.detect import Decision, Detector, DetectRule
+from titan_morph.monitor.detect import Decision, Detector, DetectRule, Judge, Verdict
 from titan_morph.monitor.profile import PROBE_PATH, StepProfile
 from titan_morph.monitor.rate_probes import RateProbes
 from titan_morph.monitor.repartition import Partitioner
@@ -37,12 +38,16 @@ from titan_morph.monitor.replan import MeasuredTimes, adapted_plan, search_itera
 from titan_morph.pipelining.links import StaticDelays
 from titan_morph.pipelining.model import CostModel, Plan
 from titan_morph.pipelining.partition import evaluate_split
-from titan_morph.pipelining.simulate import simulate
+from titan_morph.pipelining.simulate import makespan, simulate
 from titan_morph.pipelining.slackness import tolerance_ms
 
-__all__ = ["AdaptPolicy", "Change", "Monitor"]
+__all__ = ["MIN_GAIN", "AdaptPolicy", "Change", "Monitor"]
 
 logger = logging.getLogger(__name__)
+
+MIN_GAIN = 0.01
+"""A moved condition re-plans only when the simulator's step gains at least this share: below it
+the model's own error (a few per cent against measured steps, docs/results.md) decides, not the plan."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +133,9 @@ class Monitor:
         self.estimates: list[LinkEstimate] = []
         # a count and the latest, not every change: each holds a whole plan and a run may last days
         self.decisions = 0
+        self.replans = 0  # decisions that changed the running plan
         self.last_change: Change | None = None
+        self._held: deque[int] = deque(maxlen=8)  # how many steps each recent plan condition held
         self.step = 0
         self.partitioner: Partitioner | None = None  # partition = "auto": set by the runtime's assembly
         self.probes = RateProbes(self.ranks - 1)
@@ -146,7 +153,7 @@ class Monitor:
         self.probes.take(step, self.estimates)
         capacity = wire_capacity_ms(self.times.model(self.microbatches))
         tolerance, initial = self.tolerances(active, self.initial_plan)
-        decision = self.detector.update(step, self.estimates, tolerance, initial, capacity)
+        decision = self.detector.update(step, self.estimates, tolerance, initial, capacity, self._judge(active))
         self.probes.settle(self.estimates, self.detector.links, self.detector.rule.floor_ms)
         change = None
         if decision is not None and self.policy.enabled:
@@ -158,7 +165,7 @@ class Monitor:
         if self.partitioner is not None:
             change = self._compute_change(step, profiles, change)
         if change is not None:
-            self._made(change)
+            self._made(change, active)
         return change
 
     def estimated_links(self) -> StaticDelays:
@@ -255,7 +262,7 @@ class Monitor:
         else:
             self.initial_plan = self.plan_for(microbatches)
         plan, policy = self.initial_plan, self.policy
-        if policy.enabled and self.detector.slow_links:
+        if policy.enabled and (any(self.detector.planned_ms) or any(self.detector.planned_transmit_ms)):
             delays, transmit = self.detector.planned_ms, self.detector.planned_transmit_ms
             model = self.times.model(microbatches, delays, policy.memory, transmit)
             iterations = search_iterations(model, policy.search_iterations, policy.search_budget_ms)
@@ -268,9 +275,59 @@ class Monitor:
                 plan = evaluate_split(problem, part.split).plan
         return plan
 
-    def _made(self, change: Change) -> None:
+    def _made(self, change: Change, active: Plan | None = None) -> None:
         self.decisions += 1
+        if active is None or change.plan.orders != active.orders:
+            self.replans += 1
+        if self.last_change is not None:
+            self._held.append(change.step - self.last_change.step)
         self.last_change = change
+
+    def _judge(self, active: Plan) -> Judge:
+        """The detector's judge of a moved condition while ``active`` runs (:meth:`verdict`)."""
+
+        def judge(delays_ms: Sequence[float], transmit_ms: Sequence[float], age_steps: int) -> Verdict:
+            return self.verdict(active, delays_ms, transmit_ms, age_steps)
+
+        return judge
+
+    def verdict(
+        self, active: Plan, delays_ms: Sequence[float], transmit_ms: Sequence[float], age_steps: int
+    ) -> Verdict:
+        """Does a plan for the moved condition pay for the switch (paper §6's re-plan, both ways)?
+
+        Under the condition (the measured stage times, ``delays_ms`` and ``transmit_ms`` per link)
+        the simulator times the running plan and the one Alg. 2 makes for it (the plan the change
+        would install, before any search): the gain per step, when at least :data:`MIN_GAIN` of it,
+        must repay the switch over the steps the condition is expected to last (as long again as it
+        has held, or the recent conditions' mean, whichever is longer). The switch costs the
+        search's budget when searching (every rank spends it before the next step); the plan itself
+        is installed between steps, and Alg. 2 takes about a millisecond. The budget, not a measured
+        time, so that every rank reaches the same verdict. Adaptation off: every condition is taken
+        (reported, never installed)."""
+        policy = self.policy
+        if not policy.enabled:
+            return Verdict(True, "")
+        model = self.times.model(self.microbatches, delays_ms, policy.memory, transmit_ms)
+        healthy = not any(delays_ms) and not any(transmit_ms)
+        candidate = (
+            self.initial_plan if healthy else adapted_plan(model, search=False, depth=policy.depth, iterations=0)
+        )
+        plan_ms = policy.search_budget_ms if policy.search and not healthy else 0.0
+        try:
+            now = makespan(model, active.orders, depth=policy.depth)
+        except (RuntimeError, ValueError):
+            return Verdict(True, "the running plan cannot complete under it")
+        try:
+            new = makespan(model, candidate.orders, depth=policy.depth)
+        except (RuntimeError, ValueError):
+            return Verdict(False, "")
+        horizon = max(age_steps, round(statistics.fmean(self._held)) if self._held else 0)
+        gain = now - new
+        why = f"simulated step {now:.0f} -> {new:.0f} ms" + (
+            f": {gain:.0f} ms x {horizon} steps against {plan_ms:.0f} ms to search" if plan_ms else ""
+        )
+        return Verdict(gain >= MIN_GAIN * now and gain * horizon > plan_ms, why)
 
     def assume_slow(self, delays_ms: Sequence[float], reason: str) -> Change | None:
         """Links known to be slow before the first step, at ``delays_ms`` per link (0 = healthy): the
@@ -299,8 +356,8 @@ class Monitor:
     def _adapt(self, decision: Decision) -> Change:
         t0 = time.monotonic()
         policy = self.policy
-        if decision.all_healthy:
-            plan = self.initial_plan
+        if not any(decision.delays_ms) and not any(decision.transmit_ms):
+            plan = self.initial_plan  # every link healthy, or planned as healthy (:mod:`.detect`)
         else:
             model = self.times.model(self.microbatches, decision.delays_ms, policy.memory, decision.transmit_ms)
             plan = adapted_plan(
@@ -352,7 +409,7 @@ class Monitor:
 
     def metrics(self, delegated: frozenset[int]) -> dict[str, float]:
         """TensorBoard scalars of the last step (identical on every rank)."""
-        out: dict[str, float] = {"morph/decisions": float(self.decisions)}
+        out: dict[str, float] = {"morph/decisions": float(self.decisions), "morph/replans": float(self.replans)}
         for link, state in enumerate(self.detector.links):
             out[f"morph/straggling/link{link}"] = float(state.slow)
             out[f"morph/planned_delay_ms/link{link}"] = state.planned_ms

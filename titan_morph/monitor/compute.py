@@ -24,7 +24,8 @@ layers it holds.
 * a healthy rank turns **slow** after k consecutive steps whose op time exceeds its baseline by the
   margin (speed < 1 / (1 + margin)); it is planned at the median of those k speeds;
 * a slow rank is re-planned (**changed**) after k consecutive steps whose speed differs from the
-  planned one by more than the margin, at the median of those k;
+  planned one by more than the margin, either way, at the median of those k -- at speed 1 when that
+  median is back within the recovery band (planned as healthy; reported slow until it recovers);
 * a slow rank **recovers** after m consecutive steps within margin x ``recover_ratio`` of its
   baseline (speed >= 1 / (1 + margin x ratio)).
 
@@ -193,7 +194,7 @@ class SpeedDetector:
                 continue
             state.healthy = state.healthy + 1 if speed >= healthy_from else 0
             off = abs(speed / state.speed - 1.0) > rule.margin
-            state.over = state.over + 1 if off and speed < healthy_from else 0
+            state.over = state.over + 1 if off else 0
             if state.healthy >= rule.recover_steps:
                 reasons.append(
                     f"rank {r} recovered: op time {1 / speed:.2f}x its baseline"
@@ -202,12 +203,17 @@ class SpeedDetector:
                 state.slow, state.speed, state.over, state.healthy = False, 1.0, 0, 0
                 recovered.append(r)
             elif state.over >= rule.detect_steps:
-                target = _round(statistics.median(state.recent))
+                state.over = 0
+                median = statistics.median(state.recent)
+                target = 1.0 if median >= healthy_from else _round(median)  # back at its baseline: plan so
+                if target == state.speed:
+                    continue
+                kind = "slower" if target < state.speed else "at its baseline" if target == 1.0 else "faster"
                 reasons.append(
-                    f"rank {r} {'slower' if target < state.speed else 'faster'}: speed {target:g} against the"
-                    f" planned {state.speed:g} for {rule.detect_steps} steps ({window})"
+                    f"rank {r} {kind}: speed {_round(median):g} against the planned {state.speed:g} for"
+                    f" {rule.detect_steps} steps ({window}); planning for {target:g}"
                 )
-                state.speed, state.over, changed = target, 0, True
+                state.speed, changed = target, True
         if not (newly or recovered or changed):
             return None
         return SpeedDecision(step, self.speeds, self.slow_ranks, tuple(newly), tuple(recovered), tuple(reasons))

@@ -15,20 +15,27 @@ A link is **congested** in a step when either
 Per link, per step (paper §6, Eq. 1):
 
 * a healthy link turns **slow** after ``detect_steps`` (k) consecutive congested steps;
-* a slow link is re-planned for a **worse** delay after k consecutive steps above the active
-  (adapted) plan's tolerance, and for an **eased** one after ``recover_steps`` (m) steps whose
-  planning delay is under half the planned one;
-* a slow link **recovers** after m consecutive steps whose delay (or upper bound, see
-  :mod:`titan_morph.monitor.delays`) is below ``recover_ratio`` × the initial plan's tolerance
-  (or ``floor_ms``, whichever is larger).
+* a slow link is re-planned for a **worse** condition after k consecutive steps above the active
+  (adapted) plan's tolerance: a cascade, so at once;
+* a slow link whose condition **moved** -- k consecutive steps each measuring a cost (latency +
+  transmit) or a transmit time off the planned one by more than :meth:`DetectRule.band_ms`, in
+  either direction -- proposes the condition of its last k steps (no delay at all when that is
+  under the recovery threshold). A :class:`Judge` (the monitor's simulator) takes the proposal only
+  when the new plan pays for its switch; a refused one is not proposed again until the condition
+  moves elsewhere. No flapping: a link's condition moves at most :data:`MOVES_PER_WINDOW` times in
+  any ``MOVE_WINDOW`` x k steps this way (the worse rule, a cascade, is never held back), and every
+  move of either kind needs k steps measured after the last;
+* a slow link **recovers** (for reporting, and its delegated path) after m = ``recover_steps``
+  consecutive steps whose delay (or upper bound, see :mod:`titan_morph.monitor.delays`) is below
+  ``recover_ratio`` x the initial plan's tolerance (or ``floor_ms``, whichever is larger).
 
 A plan is made for a latency and a transmit time per link: the transmit time is the
 ``plan_quantile`` of the transmit times measured over the last k steps (0 when none was: the
 delay-only model), rounded up to ``transmit_quantum_ms``; the latency is the ``plan_quantile`` of
 the last k steps' exact samples less that transmit time, rounded up to ``quantum_ms`` so that small
-fluctuations do not re-plan (their sum covers the measured Eq. 1 cost). "Worse" and "eased" compare
-that cost, latency + transmit, and a larger transmit time alone re-plans too. Everything here is
-deterministic: ranks that feed identical estimates reach identical decisions.
+fluctuations do not re-plan (their sum covers the measured Eq. 1 cost). Everything here is
+deterministic: ranks that feed identical estimates (and a judge that is a pure function of them)
+reach identical decisions.
 """
 
 from __future__ import annotations
@@ -37,10 +44,31 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from titan_morph.monitor.delays import LinkEstimate, quantile
 
-__all__ = ["DetectRule", "LinkState", "Decision", "Detector"]
+__all__ = ["MOVES_PER_WINDOW", "MOVE_WINDOW", "DetectRule", "LinkState", "Decision", "Detector", "Judge", "Verdict"]
+
+MOVES_PER_WINDOW = 2
+"""A slow link's planned condition moves by a judge's verdict at most this often ..."""
+MOVE_WINDOW = 4
+"""... in any this many x ``detect_steps`` steps."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A judge's answer to a proposed condition: take it or not, and the numbers behind it."""
+
+    pays: bool
+    why: str
+
+
+class Judge(Protocol):
+    """Whether planning for ``delays_ms`` / ``transmit_ms`` (per link, every link's) pays for the
+    switch, the condition having held ``age_steps`` steps so far."""
+
+    def __call__(self, delays_ms: Sequence[float], transmit_ms: Sequence[float], age_steps: int) -> Verdict: ...
 
 
 @dataclass(frozen=True)
@@ -81,6 +109,11 @@ class DetectRule:
         q = self.transmit_quantum_ms
         return round(math.ceil(transmit_ms / q - 1e-9) * q, 6)
 
+    def band_ms(self, planned_cost_ms: float) -> float:
+        """How far a step's cost (or transmit time) may lie from the planned condition's before the
+        condition counts as moved: ``margin`` of the planned cost, at least one ``quantum_ms``."""
+        return max(self.quantum_ms, self.margin * planned_cost_ms)
+
     def plan_for(self, window: Sequence[float], transmits: Sequence[float]) -> tuple[float, float]:
         """(latency, transmit) to plan for from the recent exact samples and measured transmit times."""
         tau = self.round_transmit(quantile(transmits, self.plan_quantile)) if transmits else 0.0
@@ -96,7 +129,9 @@ class LinkState:
     planned_transmit_ms: float = 0.0  # the transmit time per message it plans for (0 = delay-only)
     over: int = 0  # consecutive steps above the active plan's threshold
     healthy: int = 0  # consecutive steps below the recovery threshold (slow links)
-    eased: int = 0  # consecutive steps planning far below planned_ms (slow links)
+    moved: int = 0  # consecutive steps off the planned condition by more than the band (slow links)
+    refused: tuple[float, float] | None = None  # the last condition the judge turned down
+    moves: deque[int] = field(default_factory=deque)  # steps of the condition's recent moves
     recent: deque[list[float]] = field(default_factory=deque)  # exact samples of the last k steps
     transmits: deque[float | None] = field(default_factory=deque)  # transmit measured in the last k steps
 
@@ -150,13 +185,16 @@ class Detector:
         tolerance_ms: Sequence[float],
         initial_tolerance_ms: Sequence[float],
         capacity_ms: Sequence[float] | None = None,
+        judge: Judge | None = None,
     ) -> Decision | None:
         """Advance every link by one step; a :class:`Decision` when the plan must change.
         ``capacity_ms``: per link, the transmit time per message the plan absorbs (module
-        docstring); None = transmit times are not judged."""
+        docstring); None = transmit times are not judged. ``judge``: who takes a moved condition
+        (None: every one is taken)."""
         rule = self.rule
         reasons: list[str] = []
         newly, recovered, changed = [], [], False
+        proposed: dict[int, tuple[float, float]] = {}
         for i, (state, est) in enumerate(zip(self.links, estimates, strict=True)):
             state.recent.append(list(est.exact))
             state.transmits.append(est.transmit_ms)
@@ -182,7 +220,7 @@ class Detector:
                 if state.over >= rule.detect_steps and window:
                     state.slow = True
                     state.planned_ms, state.planned_transmit_ms = rule.plan_for(window, taus)
-                    state.over = state.healthy = state.eased = 0
+                    state.over = state.healthy = state.moved = 0
                     newly.append(i)
                     reasons.append(
                         f"link {i} slow: {why} (Eq. 1 tolerance {tolerance_ms[i]:.1f} ms + {rule.margin:.0%}"
@@ -196,14 +234,15 @@ class Detector:
             state.healthy = state.healthy + 1 if upper is not None and upper < recover_at and wire_ok else 0
             target = rule.plan_for(window, taus) if window else None
             cost = sum(target) if target is not None else None
-            state.eased = state.eased + 1 if cost is not None and cost < 0.5 * state.planned_cost_ms else 0
+            state.moved = state.moved + 1 if self._moved(state, est) else 0
             if state.healthy >= rule.recover_steps:
                 reasons.append(
                     f"link {i} recovered: delay {upper:.1f} ms < {recover_at:.1f} ms (max of {rule.recover_ratio:g} x "
                     f"initial tolerance, {rule.floor_ms:g} ms) for {rule.recover_steps} steps"
                 )
                 state.slow, state.planned_ms, state.planned_transmit_ms = False, 0.0, 0.0
-                state.over = state.healthy = state.eased = 0
+                state.over = state.healthy = state.moved = 0
+                state.refused = None
                 recovered.append(i)
             elif (
                 state.over >= rule.detect_steps
@@ -216,17 +255,23 @@ class Detector:
                     f"{_plus(state.planned_transmit_ms)}) for {rule.detect_steps} steps; planning for "
                     f"{target[0]:g} ms{_plus(target[1])}"
                 )
-                (state.planned_ms, state.planned_transmit_ms), state.over, state.eased, changed = target, 0, 0, True
-            elif state.eased >= rule.recover_steps and target is not None:
-                reasons.append(
-                    f"link {i} eased: delay p{rule.plan_quantile * 100:.0f} {cost:g} ms < half the planned "
-                    f"{state.planned_cost_ms:g} ms for {rule.recover_steps} steps"
-                )
-                state.planned_ms, state.planned_transmit_ms = max(target[0], rule.quantum_ms), target[1]
-                state.over, state.eased, changed = 0, 0, True
+                self._move(state, target)
+                changed = True
+            elif state.moved >= rule.detect_steps and target is not None and cost is not None:
+                if quantile(window, rule.plan_quantile) < recover_at:
+                    target = (0.0, 0.0)  # under the recovery threshold: plan as if healthy
+                held = (state.planned_ms, state.planned_transmit_ms)
+                if target not in (state.refused, held) and self._may_move(state, step):
+                    proposed[i] = target
+                state.moved = 0
+        if proposed:
+            changed |= self._propose(step, proposed, judge, reasons)
         if not (newly or recovered or changed):
             return None
-        windows = tuple(tuple(x for xs in state.recent for x in xs) if state.slow else () for state in self.links)
+        windows = tuple(
+            tuple(x for xs in state.recent for x in xs) if state.slow and state.planned_cost_ms > 0 else ()
+            for state in self.links
+        )
         transmit = self.planned_transmit_ms if any(self.planned_transmit_ms) else ()
         return Decision(
             step,
@@ -238,6 +283,51 @@ class Detector:
             windows,
             transmit,
         )
+
+    def _moved(self, state: LinkState, est: LinkEstimate) -> bool:
+        """Whether this step's own samples put the link off its planned condition (the band)."""
+        if not est.exact:
+            return False
+        lat, tau = self.rule.plan_for(list(est.exact), [est.transmit_ms] if est.transmit_ms is not None else [])
+        band = self.rule.band_ms(state.planned_cost_ms)
+        return abs(lat + tau - state.planned_cost_ms) > band or abs(tau - state.planned_transmit_ms) > band
+
+    def _may_move(self, state: LinkState, step: int) -> bool:
+        """The flapping bound: fewer than :data:`MOVES_PER_WINDOW` moves in the window behind ``step``."""
+        while state.moves and state.moves[0] <= step - MOVE_WINDOW * self.rule.detect_steps:
+            state.moves.popleft()
+        return len(state.moves) < MOVES_PER_WINDOW
+
+    def _move(self, state: LinkState, target: tuple[float, float]) -> None:
+        state.planned_ms, state.planned_transmit_ms = target
+        state.over = state.moved = 0
+        state.refused = None
+
+    def _propose(
+        self, step: int, proposed: dict[int, tuple[float, float]], judge: Judge | None, reasons: list[str]
+    ) -> bool:
+        """Put the moved conditions to ``judge`` together; True when it took them."""
+        delays = [
+            t[0] for t in (proposed.get(i, (s.planned_ms, s.planned_transmit_ms)) for i, s in enumerate(self.links))
+        ]
+        transmit = [proposed[i][1] if i in proposed else s.planned_transmit_ms for i, s in enumerate(self.links)]
+        verdict = judge(delays, transmit, self.rule.detect_steps) if judge is not None else Verdict(True, "")
+        for i, target in proposed.items():
+            state = self.links[i]
+            if not verdict.pays:
+                state.refused = target
+                continue
+            was = state.planned_cost_ms
+            kind = "eased" if sum(target) < was else "moved"
+            reasons.append(
+                f"link {i} {kind}: p{self.rule.plan_quantile * 100:.0f} of its last {self.rule.detect_steps} steps "
+                f"{sum(target):g} ms{_plus(target[1])} against the planned {state.planned_ms:g} ms"
+                f"{_plus(state.planned_transmit_ms)}; planning for {target[0]:g} ms{_plus(target[1])}"
+                + (f" ({verdict.why})" if verdict.why else "")
+            )
+            self._move(state, target)
+            state.moves.append(step)
+        return verdict.pays
 
 
 def _plus(transmit_ms: float) -> str:

@@ -40,6 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .trace_rows import read_trace_rows
+
 DIRECTIONS = ("fwd", "bwd")
 
 
@@ -339,13 +341,14 @@ class TraceDelays(LinkModel):
 
     @classmethod
     def from_csv(cls, path: str | Path, num_links: int) -> TraceDelays:
-        """Read ``step`` (or ``time_ms``), ``link``, ``delay_ms`` [, ``direction``] [,
-        ``bandwidth_mbit``] columns; with the rate column, an empty cell or 0 = unlimited."""
-        with open(path, newline="") as fh:
-            rows = list(csv.DictReader(fh))
+        """Read the link rows (:mod:`.trace_rows`) of ``step`` (or ``time_ms``), ``link``,
+        ``delay_ms`` [, ``direction``] [, ``bandwidth_mbit``]; an empty delay is 0 and, with the
+        rate column, an empty rate or 0 is unlimited."""
+        found = read_trace_rows(path)
+        rows = [row for _, row in found.links]
         if not rows:
-            raise ValueError(f"trace {path}: no events")
-        cols = set(rows[0])
+            raise ValueError(f"trace {path}: no link events")
+        cols = found.columns
         key = "step" if "step" in cols else "time_ms" if "time_ms" in cols else None
         if key is None or not {"link", "delay_ms"} <= cols:
             raise ValueError(f"trace {path}: needs columns step|time_ms, link, delay_ms; got {sorted(cols)}")
@@ -354,7 +357,7 @@ class TraceDelays(LinkModel):
             TraceEvent(
                 float(r[key]),
                 int(r["link"]),
-                float(r["delay_ms"]),
+                float(r["delay_ms"] or 0.0),
                 r.get("direction") or "both",
                 float(r["bandwidth_mbit"] or 0.0) if rated else None,
             )

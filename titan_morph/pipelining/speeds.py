@@ -17,7 +17,8 @@ and a step-keyed factor is what a plan made at a step boundary can react to. Mod
   U(1, maxima[r]), from a stream seeded by (seed, rank, step), so every rank and the simulator see
   the same factor for a step whatever else ran;
 * :class:`TraceFactors`: piecewise-constant factors per rank from trace rows ``step, rank,
-  compute_factor`` (before a rank's first row its factor is 1);
+  compute_factor`` (before a rank's first row its factor is 1), alone or beside link rows in one
+  file (:mod:`.trace_rows`);
 * :class:`WindowedFactors`: any of them between a first and a last step (1 outside).
 
 Pure Python, no torch.
@@ -26,13 +27,13 @@ Pure Python, no torch.
 from __future__ import annotations
 
 import bisect
-import csv
 import math
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .model import CostModel
+from .trace_rows import read_trace_rows
 
 __all__ = [
     "ComputeModel",
@@ -42,6 +43,7 @@ __all__ = [
     "TraceFactors",
     "WindowedFactors",
     "is_compute_trace",
+    "sets_links",
 ]
 
 TRACE_COLUMNS = ("step", "rank", "compute_factor")
@@ -151,14 +153,13 @@ class TraceFactors(ComputeModel):
 
     @classmethod
     def from_csv(cls, path: str | Path, ranks: int) -> TraceFactors:
-        """Read the rows of a CSV file with the columns :data:`TRACE_COLUMNS`."""
-        with open(path, newline="") as fh:
-            rows = list(csv.DictReader(fh))
-        if not rows or not set(TRACE_COLUMNS) <= set(rows[0]):
-            got = sorted(rows[0]) if rows else []
+        """Read the rank rows (:mod:`.trace_rows`: the columns :data:`TRACE_COLUMNS`) of a trace."""
+        found = read_trace_rows(path)
+        if not found.ranks or not set(TRACE_COLUMNS) <= found.columns:
+            got = sorted(found.columns)
             raise ValueError(f"compute trace {path}: needs the columns {', '.join(TRACE_COLUMNS)}; got {got}")
         events = []
-        for line, row in enumerate(rows, 2):
+        for line, row in found.ranks:
             try:
                 events.append((int(row["step"]), int(row["rank"]), float(row["compute_factor"])))
             except (TypeError, ValueError):
@@ -167,10 +168,14 @@ class TraceFactors(ComputeModel):
 
 
 def is_compute_trace(path: str | Path) -> bool:
-    """Whether the CSV at ``path`` is a compute trace (its header has :data:`TRACE_COLUMNS`)."""
-    with open(path, newline="") as fh:
-        header = next(csv.reader(fh), [])
-    return set(TRACE_COLUMNS) <= {h.strip() for h in header}
+    """Whether the trace at ``path`` sets some rank's factor (it has rank rows, :mod:`.trace_rows`)."""
+    found = read_trace_rows(path)
+    return bool(found.ranks) and set(TRACE_COLUMNS) <= found.columns
+
+
+def sets_links(path: str | Path) -> bool:
+    """Whether the trace at ``path`` sets some link (it has link rows, :mod:`.trace_rows`)."""
+    return bool(read_trace_rows(path).links)
 
 
 @dataclass

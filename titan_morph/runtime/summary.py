@@ -299,9 +299,11 @@ def summary_lines(
     depth: int | None,
     decisions: int,
     schedule: str,
+    replans: int | None = None,
 ) -> list[str]:
     """The summary's lines (see the module docstring) for the run of ``schedule``; ``model`` holds
-    the stage times to simulate ZB-H2 with (configured, or the ones the monitor measured)."""
+    the stage times to simulate ZB-H2 with (configured, or the ones the monitor measured);
+    ``replans``: how many of the ``decisions`` changed the running plan (None: not counted)."""
     parts = history.phases()
     if "during" not in parts:
         median = parts["before"].median_ms()
@@ -333,5 +335,6 @@ def summary_lines(
         if name == "adapted":
             line += f"   delegated links {sorted(part.delegated) or 'none'}"
         lines.append(line)
-    lines.append(f"  plan changes made by the monitor: {decisions}")
+    installed = f" ({replans} changed the plan)" if replans is not None and replans != decisions else ""
+    lines.append(f"  plan changes made by the monitor: {decisions}{installed}")
     return [*lines, *history.costs.lines()]

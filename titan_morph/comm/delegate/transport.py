@@ -79,7 +79,8 @@ __all__ = ["DeferredReleases", "DelegateError", "DelegateTransport", "exit_statu
 
 class _FiniteDelays(LinkModel):
     """The link model as the delegated path sees it: ``inf`` (the default path's NIC is down)
-    becomes ``down_delay_ms`` because delegated traffic is routed around the failed link."""
+    becomes ``down_delay_ms`` because delegated traffic is routed around the failed link; a rate
+    holds on both paths (an emulated link's wire, like netlab's ``tc`` on both NICs)."""
 
     def __init__(self, model: LinkModel, down_delay_ms: float) -> None:
         self.model, self.down_delay_ms, self.num_links = model, down_delay_ms, model.num_links
@@ -87,6 +88,12 @@ class _FiniteDelays(LinkModel):
     def delay_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
         d = self.model.delay_ms(link, direction, t_ms, step)
         return self.down_delay_ms if math.isinf(d) else d
+
+    def transmit_ms(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float:
+        return self.model.transmit_ms(link, direction, t_ms, step)  # the same wire, whichever path
+
+    def rate_mbit(self, link: int, direction: str, t_ms: float = 0.0, step: int = 0) -> float | None:
+        return self.model.rate_mbit(link, direction, t_ms, step)
 
 
 class DelegateTransport(MessageBook, Transport):

@@ -10,6 +10,7 @@ carry the same sequence on the new path.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -130,12 +131,22 @@ class Recv(Message):
 
 
 class _Job:
-    __slots__ = ("handles", "deadline", "done", "error")
+    __slots__ = ("handles", "deadline", "done", "error", "signal", "_woken")
 
     def __init__(self, handles: list[Handle], deadline: float) -> None:
         self.handles, self.deadline = handles, deadline
         self.done = False
         self.error: BaseException | None = None
+        # held until the verdict, a move or the transport's close: the caller's wait is an acquire
+        self.signal = threading.Lock()
+        self.signal.acquire()
+        self._woken = False
+
+    def wake(self) -> None:
+        """Let the caller go (under the router's lock: at most once)."""
+        if not self._woken:
+            self._woken = True
+            self.signal.release()
 
 
 class DefaultPathWaits:
@@ -147,12 +158,24 @@ class DefaultPathWaits:
     would close a healthy pair. So the training thread waits for the waiter's verdict or for the
     link's move, whichever comes first; after a move the new path carries the message again.
     (NCCL's waits are stream-ordered on the caller's stream and its abort ends them: they stay on
-    the training thread.)
+    the training thread.) A step makes hundreds of these waits: each hands over through C-level
+    primitives (a queue to its waiter, a lock back) and wakes only its own two threads.
     """
 
     def __init__(self, router: Router) -> None:
         self.router = router
-        self._jobs: dict[tuple[tuple[int, str], int], deque[_Job]] = {}
+        self._queues: dict[tuple[tuple[int, str], int], queue.SimpleQueue[_Job | None]] = {}
+        self._pending: dict[tuple[tuple[int, str], int], set[_Job]] = {}  # submitted, no verdict yet
+        router.on_move.append(self._leave)
+
+    def _leave(self, link: int | None) -> None:
+        """Under the router's lock: ``link`` moved (None: the transport closed); its callers and
+        waiters leave (a waiter still inside a gloo wait leaves after it)."""
+        for (key, gen), jobs in self._pending.items():
+            if link is None or key[0] == link:
+                for job in jobs:
+                    job.wake()
+                self._queues[(key, gen)].put(None)
 
     def wait(self, msg: Message, handles: list[Handle], gen: int, deadline: float) -> bool:
         """Wait ``handles`` (``msg`` on the default path as of ``gen``): True once they completed,
@@ -164,56 +187,61 @@ class DefaultPathWaits:
             if router.gen[link] != gen:
                 return False
             msg.job = job
-            queue = self._jobs.get((key, gen))
-            if queue is None:
-                queue = self._jobs[(key, gen)] = deque()
+            jobs = self._queues.get((key, gen))
+            if jobs is None:
+                jobs = self._queues[(key, gen)] = queue.SimpleQueue()
+                self._pending[(key, gen)] = set()
                 router.thread(lambda: self._waiter(key, gen), f"titan_morph-wait-{link}{key[1]}")
-            queue.append(job)
-            router.wake.notify_all()
-            while not job.done:
+            self._pending[(key, gen)].add(job)
+            jobs.put(job)
+        while True:
+            # the waiter's own wait ends at the deadline; the margin lets its verdict arrive
+            left = deadline + 1.0 - time.monotonic()
+            if left <= 0:
+                what = "receive" if isinstance(msg, Recv) else "send"
+                raise CommTimeoutError(
+                    f"{router.where()}: {what} of step {msg.step} on link {link} ({key[1]}) did not "
+                    "complete on the default path within its bound"
+                )
+            job.signal.acquire(timeout=left)
+            with router.lock:
+                if job.done:
+                    break
                 if router.gen[link] != gen:
                     return False
                 if router.closed:  # its waiter is gone with the transport
-                    where = f"{router.where()}: link {link} ({key[1]})"
-                    raise CommTimeoutError(f"{where}: the transport closed during a wait")
-                # the waiter's own wait ends at the deadline; the margin lets its verdict arrive
-                left = deadline + 1.0 - time.monotonic()
-                if left <= 0:
-                    what = "receive" if isinstance(msg, Recv) else "send"
                     raise CommTimeoutError(
-                        f"{router.where()}: {what} of step {msg.step} on link {link} ({key[1]}) did not "
-                        "complete on the default path within its bound"
+                        f"{router.where()}: link {link} ({key[1]}): the transport closed during a wait"
                     )
-                router.wake.wait(left)
         if job.error is not None:
             raise job.error
         return True
 
     def _waiter(self, key: tuple[int, str], gen: int) -> None:
         router, link = self.router, key[0]
+        jobs = self._queues[(key, gen)]
         while True:
+            try:
+                job = jobs.get(timeout=WAITER_IDLE_S)
+            except queue.Empty:
+                job = None
             with router.lock:
-                queue = self._jobs[(key, gen)]
-                idle_until = time.monotonic() + WAITER_IDLE_S
-                while not queue and router.gen[link] == gen and not router.closed:
-                    left = idle_until - time.monotonic()
-                    if left <= 0:
-                        break
-                    router.wake.wait(left)
-                if not queue or router.gen[link] != gen or router.closed:
-                    del self._jobs[(key, gen)]  # a stale job's caller left when the link moved
-                    router.wake.notify_all()
-                    return
-                job = queue[0]
+                moved = router.gen[link] != gen or router.closed
+                if job is None and (moved or jobs.empty()):
+                    if moved or not self._pending[(key, gen)]:  # a stale job's caller left on the move
+                        del self._queues[(key, gen)], self._pending[(key, gen)]
+                        return
+                if job is None or moved:
+                    continue
             try:
                 for h in job.handles:
                     h.wait(max(1e-3, job.deadline - time.monotonic()))
             except BaseException as e:  # handed to the training thread, which decides
                 job.error = e
             with router.lock:
-                queue.popleft()
                 job.done = True
-                router.wake.notify_all()
+                self._pending[(key, gen)].discard(job)
+                job.wake()
 
 
 class Resender:

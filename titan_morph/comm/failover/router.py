@@ -73,7 +73,10 @@ class Router:
         self.failover_log: list[tuple[int, int, str, str]] = []  # (step, link, direction, why)
         self.step = 0
         self.lock = threading.RLock()
-        self.wake = threading.Condition(self.lock)
+        self.wake = threading.Condition(self.lock)  # the watcher's: an event to act on, or close
+        # called under the lock when a link moves (its number) or the transport closes (None): the
+        # waits on the old path leave it (each wakes only those of its own, not every thread)
+        self.on_move: list[Callable[[int | None], None]] = []
         self.closed = False
         self.served = [link for link in (stage - 1, stage) if 0 <= link < num_stages - 1]
         self.gen = dict.fromkeys(self.served, 0)  # path changes of each link so far (equal on both ends)
@@ -219,7 +222,8 @@ class Router:
             self.delegate.abandon(link, why)
         self.gen[link] += 1
         gen = self.gen[link]
-        self.wake.notify_all()  # waits on the old path leave it (the new path carries their messages again)
+        for hook in self.on_move:  # waits on the old path leave it (the new path carries their messages again)
+            hook(link)
         sends = directions(link, self.stage)
         for d in dirs:
             key = (link, d)

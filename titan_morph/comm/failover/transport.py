@@ -254,6 +254,8 @@ class FailoverTransport(Transport):
                 return
             router.closed = True
             router.wake.notify_all()
+            for hook in router.on_move:
+                hook(None)
         close_at_exit(self, closing=True)
         try:
             self.primary.close(timeout, drain)
