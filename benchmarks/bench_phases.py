@@ -90,20 +90,13 @@ def phases(trace: Path, steps: int, message_kb: float) -> list[Phase]:
     out = []
     for i, first in enumerate(starts):
         last = starts[i + 1] - 1 if i + 1 < len(starts) else steps
-        cond = tuple(
-            (
-                max(links.delay_ms(link, d, step=first) for d in DIRECTIONS),
-                max(links.transmit_ms(link, d, step=first) for d in DIRECTIONS),
-                0.0,
-            )
-            if links is not None
-            else (0.0, 0.0, 0.0)
-            for link in range(LINKS)
-        )
+        cond = []
+        for link in range(LINKS):
+            lat = max(links.delay_ms(link, d, step=first) for d in DIRECTIONS) if links is not None else 0.0
+            tau = max(links.transmit_ms(link, d, step=first) for d in DIRECTIONS) if links is not None else 0.0
+            cond.append((lat, tau, 8 * message_kb * 1024 / (tau * 1e3) if tau else 0.0))  # the rate: bits / time
         factors = ranks.factors(first) if ranks is not None else (1.0,) * RANKS
-        # the rate behind a transmit time: message bits / time
-        cond = tuple((lat, tau, 8 * message_kb * 1024 / (tau * 1e3) if tau else 0.0) for lat, tau, _ in cond)
-        out.append(Phase(i, first, last, cond, tuple(factors)))
+        out.append(Phase(i, first, last, tuple(cond), tuple(factors)))
     return out
 
 

@@ -50,13 +50,13 @@ def test_one_trace_sets_links_and_ranks(tmp_path):
     """The module docstring's example of :mod:`titan_morph.pipelining.trace_rows`: each row sets a
     link or a rank; each model reads its own rows."""
     from titan_morph.pipelining.links import TraceDelays
-    from titan_morph.pipelining.speeds import sets_links
+    from titan_morph.pipelining.trace_rows import read_trace_rows
 
     path = tmp_path / "both.csv"
     path.write_text(
         "step,link,delay_ms,bandwidth_mbit,rank,compute_factor\n5,2,40,,,\n17,2,0,20,,\n29,2,0,0,,\n9,,,,1,1.5\n21,,,,1,1\n"
     )
-    assert is_compute_trace(path) and sets_links(path)
+    assert is_compute_trace(path) and read_trace_rows(path).links
     links = TraceDelays.from_csv(path, 3)
     assert [links.delay_ms(2, "fwd", step=s) for s in (4, 5, 17)] == [0.0, 40.0, 0.0]
     assert links.rate_mbit(2, "bwd", step=20) == 20.0 and links.rate_mbit(2, "bwd", step=30) == 0.0
@@ -64,10 +64,10 @@ def test_one_trace_sets_links_and_ranks(tmp_path):
     assert [ranks.factor(1, s) for s in (8, 9, 21)] == [1.0, 1.5, 1.0] and ranks.factor(2, 10) == 1.0
     only_links = tmp_path / "links.csv"
     only_links.write_text("step,link,delay_ms\n3,0,10\n")
-    assert sets_links(only_links) and not is_compute_trace(only_links)
+    assert read_trace_rows(only_links).links and not is_compute_trace(only_links)
     path.write_text("step,link,delay_ms,rank,compute_factor\n3,0,10,1,2\n")
     with pytest.raises(ValueError, match="line 2 names a link and a rank"):
         TraceFactors.from_csv(path, 4)
     path.write_text("step,link,delay_ms,rank,compute_factor\n3,,,,2\n")
     with pytest.raises(ValueError, match="line 2 names neither a link nor a rank"):
-        sets_links(path)
+        read_trace_rows(path)

@@ -34,8 +34,8 @@ from titan_morph.pipelining.speeds import (
     TraceFactors,
     WindowedFactors,
     is_compute_trace,
-    sets_links,
 )
+from titan_morph.pipelining.trace_rows import read_trace_rows
 
 if TYPE_CHECKING:
     from titan_morph.comm.emulator.collectives import PairDelays
@@ -78,7 +78,7 @@ def check_trace(spec: str, links: int | None, limit: float | None) -> None:
     try:
         if is_compute_trace(path):
             TraceFactors.from_csv(path, links + 1 if links is not None else 1 << 30)
-        if not sets_links(path):
+        if not read_trace_rows(path).links:
             return
     except ValueError as err:
         raise fail(key, spec, str(err)) from None
@@ -243,7 +243,7 @@ def _links_emulated(inject: InjectSettings) -> bool:
         return not (quiet and inject.compute_factor)
     if inject.mode == "trace":
         path = trace_path(inject.trace_file)
-        return path in BUILTIN_TRACES or not os.path.isfile(path) or sets_links(path)
+        return path in BUILTIN_TRACES or not os.path.isfile(path) or bool(read_trace_rows(path).links)
     return inject.mode != "none"
 
 

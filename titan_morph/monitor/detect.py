@@ -257,7 +257,7 @@ class Detector:
                 )
                 self._move(state, target)
                 changed = True
-            elif state.moved >= rule.detect_steps and target is not None and cost is not None:
+            elif state.moved >= rule.detect_steps and target is not None:
                 if quantile(window, rule.plan_quantile) < recover_at:
                     target = (0.0, 0.0)  # under the recovery threshold: plan as if healthy
                 held = (state.planned_ms, state.planned_transmit_ms)
@@ -307,10 +307,8 @@ class Detector:
         self, step: int, proposed: dict[int, tuple[float, float]], judge: Judge | None, reasons: list[str]
     ) -> bool:
         """Put the moved conditions to ``judge`` together; True when it took them."""
-        delays = [
-            t[0] for t in (proposed.get(i, (s.planned_ms, s.planned_transmit_ms)) for i, s in enumerate(self.links))
-        ]
-        transmit = [proposed[i][1] if i in proposed else s.planned_transmit_ms for i, s in enumerate(self.links)]
+        conditions = [proposed.get(i, (s.planned_ms, s.planned_transmit_ms)) for i, s in enumerate(self.links)]
+        delays, transmit = [c[0] for c in conditions], [c[1] for c in conditions]
         verdict = judge(delays, transmit, self.rule.detect_steps) if judge is not None else Verdict(True, "")
         for i, target in proposed.items():
             state = self.links[i]

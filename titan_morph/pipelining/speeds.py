@@ -43,7 +43,6 @@ __all__ = [
     "TraceFactors",
     "WindowedFactors",
     "is_compute_trace",
-    "sets_links",
 ]
 
 TRACE_COLUMNS = ("step", "rank", "compute_factor")
@@ -171,11 +170,6 @@ def is_compute_trace(path: str | Path) -> bool:
     """Whether the trace at ``path`` sets some rank's factor (it has rank rows, :mod:`.trace_rows`)."""
     found = read_trace_rows(path)
     return bool(found.ranks) and set(TRACE_COLUMNS) <= found.columns
-
-
-def sets_links(path: str | Path) -> bool:
-    """Whether the trace at ``path`` sets some link (it has link rows, :mod:`.trace_rows`)."""
-    return bool(read_trace_rows(path).links)
 
 
 @dataclass
