@@ -431,6 +431,16 @@ assert "torch" not in sys.modules and "torchtitan" not in sys.modules, "the earl
         ("[morph]\ntransprt = 'auto'\n", [], "morph.transprt: unknown key (did you mean transport?)"),
         ("[morph]\ninject.delays_ms = [0, -5]\n", [], "morph.inject.delays_ms"),
         ("[morph]\nmonitor = true\n", ["--morph.no-adapt", "--training.steps", "3"], "passed"),
+        # the overrides' values are checked with the TOML's: files, lists, combinations
+        ("", ["--morph.profiles_file", "{tmp}/missing/p.jsonl"], "morph.profiles_file: '{tmp}/missing/p.jsonl' is in"),
+        ("", ["--morph.inject.mode", "trace", "--morph.inject.trace_file", "{tmp}/no.csv"], "no.csv' file not found"),
+        ("", ["--morph.inject.delays_ms", "0,-5", "--morph.inject.mode", "static"], "morph.inject.delays_ms"),
+        (
+            "[morph.inject]\nmode = 'static'\ncompute_factor = [1, 2]\n",
+            ["--morph.inject.mode=trace", "--morph.inject.trace_file", "train_configs/traces/changing_link.csv"],
+            "morph.inject.compute_factor: [1.0, 2.0] needs mode = static or random, got mode = 'trace'",
+        ),
+        ("[morph]\nmonitor = true\n", ["--morph.profiles_file", "{tmp}/p.jsonl", "--morph.adapt", "false"], "passed"),
     ],
 )
 def test_early_checks_report_a_typo_before_torch_loads(tmp_path, toml, args, expected):
@@ -439,6 +449,8 @@ def test_early_checks_report_a_typo_before_torch_loads(tmp_path, toml, args, exp
 
     path = tmp_path / "job.toml"
     path.write_text(toml)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    expected = expected.replace("{tmp}", str(tmp_path))
     out = subprocess.run(
         [sys.executable, "-c", EARLY, str(path), *args], capture_output=True, text=True, cwd=REPO, timeout=120
     )

@@ -137,17 +137,26 @@ def _morph_overrides(argv: Sequence[str]) -> list[str]:
 
 def check_early(config_file: str | Path, overrides: Sequence[str]) -> None:
     """The launcher's checks that need no TorchTitan (which takes seconds to import): the TOML
-    parses, its ``[morph]`` keys exist and their values parse, and the ``--morph.*`` overrides name
-    options with values of their type. :func:`load` runs every check after it."""
+    parses, its ``[morph]`` keys exist, the ``--morph.*`` overrides name options with values of
+    their type, and ``[morph]`` with the overrides applied (as TorchTitan's parser applies them: tyro
+    over the TOML's values) passes every check that needs no pipeline -- the files a setting names
+    among them. :func:`load` runs every check after it."""
     toml = load_toml(config_file)
     prepare_args(["--job.config_file", str(config_file)])  # the TOML's [morph] keys
     options = _morph_options()
-    check_overrides(_morph_overrides(expand_negated_flags(overrides, options)), options)
+    morph_args = _morph_overrides(expand_negated_flags(overrides, options))
+    check_overrides(morph_args, options)
     table = toml.get("morph")
+    morph = Morph()
     if isinstance(table, Mapping):
         nested = {"inject": Inject, "synthetic": Synthetic}
-        values = {k: nested[k](**v) if k in nested and isinstance(v, Mapping) else v for k, v in table.items()}
-        resolve_morph(Morph(**values))
+        morph = Morph(**{k: nested[k](**v) if k in nested and isinstance(v, Mapping) else v for k, v in table.items()})
+    if morph_args:
+        import tyro
+
+        default = MorphJobConfig(morph=morph)
+        morph = parse_quietly(lambda: tyro.cli(MorphJobConfig, args=morph_args, default=default)).morph
+    resolve_morph(morph)
 
 
 def _parse_job_config(config_file: str | Path, overrides: Sequence[str]) -> TitanJobConfig:
