@@ -252,7 +252,7 @@ def _bound_under_limit(opts: argparse.Namespace, base: float) -> float:
     a kernel limit, so on the lab it is the compute-only bound."""
     from titan_morph.compare.configs import resolve_settings
     from titan_morph.config.links import configured_message_bytes, link_model
-    from titan_morph.integration.assembly import cost_model
+    from titan_morph.integration.plans import cost_model
     from titan_morph.pipelining.exact import lower_bound_under
 
     rates = ["0"] * (NODES - 1)

@@ -91,7 +91,7 @@ def predict(schedule: str, args: list[str], delays: tuple[float, ...]):
     """The plan the job runs (same config, same builder) and its simulated makespans."""
     from torchtitan.config import ConfigManager
 
-    from titan_morph.integration.assembly import initial_plan
+    from titan_morph.integration.plans import initial_plan
     from titan_morph.pipelining.links import StaticDelays
     from titan_morph.pipelining.simulate import simulate
 

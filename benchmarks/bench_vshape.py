@@ -186,7 +186,7 @@ def _testbed_plan(config: Path, args: list[str], family: str) -> Plan:
     """The plan the job runs: the same config through the same builder."""
     from torchtitan.config import ConfigManager
 
-    from titan_morph.integration.assembly import initial_plan
+    from titan_morph.integration.plans import initial_plan
 
     cfg = ConfigManager().parse_args(["--job.config_file", str(config), *args])
     n = cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from titan_morph.compare.configs import resolve_settings
 from titan_morph.compare.variants import VARIANTS
-from titan_morph.integration.assembly import FAMILIES, initial_plan, make_monitor
+from titan_morph.integration.plans import FAMILIES, initial_plan, make_monitor
 from titan_morph.monitor.profile import MessageStamp, StepProfile
 from titan_morph.runtime.metrics import pipeline_ms
 

@@ -109,7 +109,7 @@ def test_each_mode_builds_transmit_times_from_rate_and_message_size(tmp_path):
 
 def test_pipemorph_plans_for_the_injected_rates_with_plan_delays():
     """plan_transmit: the initial plan's transmit times are the emulated links' (Eq. 1 with c + tau)."""
-    from titan_morph.integration.assembly import initial_plan
+    from titan_morph.integration.plans import initial_plan
 
     inject = Inject(mode="static", delays_ms=[0], bandwidth_mbit=[0, 0, 50])
     syn = Synthetic(enabled=True, message_kb=64)
@@ -127,7 +127,7 @@ def test_pipemorph_plans_for_the_injected_rates_with_plan_delays():
 def test_plan_transmit_ms_gives_real_links_a_transmit_time_to_plan_for():
     """plan_transmit_ms: a real link's measured transmit time (no emulated rate to take it from)
     enters the initial plan beside plan_delays_ms, and overrides the injected rates' where both are."""
-    from titan_morph.integration.assembly import initial_plan
+    from titan_morph.integration.plans import initial_plan
 
     delays = _resolved(Morph(memory_budget=7, plan_delays_ms=[0]))
     given = _resolved(Morph(memory_budget=7, plan_delays_ms=[0], plan_transmit_ms=[0, 0, 27.3]))

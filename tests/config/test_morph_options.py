@@ -331,7 +331,7 @@ def test_plan_delays_make_pipemorph_plan_for_them():
     base = replace(Morph(), memory_budget=7, stage_times_ms="10,10,10")
 
     def initial_plan(family: str, morph: Morph, stages: int, n: int):
-        from titan_morph.integration.assembly import initial_plan
+        from titan_morph.integration.plans import initial_plan
 
         return initial_plan(family, _resolved(morph, stages), stages, n)
 
@@ -351,7 +351,7 @@ def test_plan_for_a_distribution_of_delays():
     """plan_delays_std_ms: the initial plan minimises the expected makespan over plan_samples vectors
     drawn from N(plan_delays_ms, std) -- deterministic (the same on every rank), never worse on those
     samples than the plan for the mean alone."""
-    from titan_morph.integration.assembly import initial_plan
+    from titan_morph.integration.plans import initial_plan
     from titan_morph.pipelining.robust import expected_makespan
 
     base = _resolved(

@@ -11,14 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from titan_morph.comm.clock import sync_clock
-from titan_morph.integration.assembly import (
-    ScheduleRequest,
-    cost_model,
-    initial_plan,
-    make_transport,
-    prepare_stage,
-)
+from titan_morph.integration.assembly import prepare_stage
+from titan_morph.integration.plans import cost_model, initial_plan
+from titan_morph.integration.request import ScheduleRequest
 from titan_morph.integration.schedules import register_schedule
+from titan_morph.integration.transports import make_transport
 from titan_morph.pipelining.builders import build
 from titan_morph.pipelining.model import Plan
 from titan_morph.runtime.schedule import MorphSchedule

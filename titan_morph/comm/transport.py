@@ -360,15 +360,29 @@ class LocalHandle:
         return True
 
 
-def warms_up_own_rank(schedule: object, group: dist.ProcessGroup | None) -> bool:
-    """Whether torch's ``schedule`` sends its first-step warm-up dummy to this very rank over gloo,
-    which cannot carry it: torch 2.11 warms up through ``_batch_p2p`` (2.13+ votes instead,
-    ``_warmup_forward_vote``), and in a V two neighbour stages share a rank. Such a schedule's P2P
-    must go through a transport, which pairs those ops within the call (:func:`on_own_rank`)."""
-    from torch.distributed.pipelining.schedules import PipelineScheduleMulti
+def warms_up_through_batch_p2p() -> bool:
+    """Whether torch's schedules send a one-element dummy to each neighbour stage through
+    ``_batch_p2p`` before their first step, and so through an active transport: torch 2.11 does.
+    2.13 and 2.14 vote over direct sends instead (``PipelineStage._warmup_forward_vote``), and 2.15
+    preconnects each pair of ranks with direct sends
+    (``_PipelineSchedule._initialize_pipeline_distributed_state``): no transport sees either."""
+    from torch.distributed.pipelining.schedules import _PipelineSchedule
     from torch.distributed.pipelining.stage import PipelineStage
 
-    if not isinstance(schedule, PipelineScheduleMulti) or hasattr(PipelineStage, "_warmup_forward_vote"):
+    voted = hasattr(PipelineStage, "_warmup_forward_vote")
+    preconnected = hasattr(_PipelineSchedule, "_initialize_pipeline_distributed_state")
+    return not (voted or preconnected)
+
+
+def warms_up_own_rank(schedule: object, group: dist.ProcessGroup | None) -> bool:
+    """Whether torch's ``schedule`` sends its first-step warm-up dummy to this very rank over gloo,
+    which cannot carry it: where torch warms up through ``_batch_p2p``
+    (:func:`warms_up_through_batch_p2p`) and, in a V, two neighbour stages share a rank. Such a
+    schedule's P2P must go through a transport, which pairs those ops within the call
+    (:func:`on_own_rank`)."""
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti
+
+    if not isinstance(schedule, PipelineScheduleMulti) or not warms_up_through_batch_p2p():
         return False
     ranks = schedule.stage_index_to_group_rank
     return dist.get_backend(group) == "gloo" and any(ranks.get(s) == ranks.get(s + 1) for s in ranks)

@@ -45,7 +45,7 @@ def _plan(
     """(plan, link-queue depth to simulate it with), as the runtime and its monitor build them
     (``links``: the run's link model, whose rates the initial plan may assume)."""
     from titan_morph.config.links import plan_transmit
-    from titan_morph.integration.assembly import FAMILIES, adapt_policy, cost_model, initial_plan
+    from titan_morph.integration.plans import FAMILIES, adapt_policy, cost_model, initial_plan
     from titan_morph.monitor.replan import adapted_plan, search_iterations
     from titan_morph.pipelining.builders import build
 

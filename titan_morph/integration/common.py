@@ -313,7 +313,7 @@ class MorphTrainerMethods:
             logger.info(f"titan_morph: {line}")
 
     def close(self) -> None:
-        from titan_morph.integration.assembly import close_transports
+        from titan_morph.integration.transports import close_transports
         from titan_morph.runtime.schedule import MorphSchedule
 
         try:  # threads and delegates stop while the process groups they use still exist

@@ -10,7 +10,7 @@ few device-module calls TorchTitan makes (memory statistics, device name/propert
 NCCL refuses two ranks on one device, so: every rank uses device ``local rank % GPUs`` (TorchTitan
 takes ``cuda:$LOCAL_RANK``, so ``LOCAL_RANK`` is set to that index), the default process group is
 Gloo (CUDA's default backend is set to gloo before TorchTitan makes the group), the pipeline goes
-over the delegated transport (:mod:`.assembly`: Gloo has no point-to-point of device memory), and
+over the delegated transport (:mod:`.transports`: Gloo has no point-to-point of device memory), and
 the few blocking point-to-point calls torch's pipeline stage makes outside the schedule's batched
 P2P (its shape inference's object lists) move host copies. Op times still come from CUDA events.
 

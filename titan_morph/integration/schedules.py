@@ -4,7 +4,7 @@ Every schedule TorchTitan 0.2.2 accepts is registered, each with its stage place
 TrainSpec's ``pipelining_fn`` uses to split the model as TorchTitan does:
 
 * one stage per rank: torch's ``1F1B`` and ``GPipe``; titan_morph's ``PipeMorph``, ``ZBH1``,
-  ``ZBH2`` and ``Morph1F1B`` (:mod:`.assembly`);
+  ``ZBH2`` and ``Morph1F1B`` (:mod:`.assembly`, their plans from :mod:`.plans`);
 * several stages per rank, looped (stage s on rank s mod R): torch's ``Interleaved1F1B``,
   ``LoopedBFS`` and ``InterleavedZeroBubble``;
 * two stages per rank in a V (rank r runs stages r and 2R-1-r): torch's ``ZBVZeroBubble`` and
@@ -29,7 +29,9 @@ from torch.distributed.pipelining.schedules import (
     _PipelineSchedule,
 )
 
-from titan_morph.integration.assembly import FAMILIES, V_FAMILIES, ScheduleRequest, morph_builder, torch_builder
+from titan_morph.integration.assembly import morph_builder, torch_builder
+from titan_morph.integration.plans import FAMILIES, V_FAMILIES
+from titan_morph.integration.request import ScheduleRequest
 
 __all__ = [
     "PLACEMENTS",

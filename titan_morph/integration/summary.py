@@ -6,7 +6,7 @@ from __future__ import annotations
 from titan_morph.comm.emulator import collectives
 from titan_morph.config import Settings
 from titan_morph.config.links import link_model
-from titan_morph.integration.assembly import cost_model
+from titan_morph.integration.plans import cost_model
 from titan_morph.pipelining.links import LinkModel
 from titan_morph.runtime.schedule import MorphSchedule
 from titan_morph.runtime.summary import summary_lines

@@ -148,7 +148,7 @@ def _plan_as_run(settings: Settings, variant: Variant, skip: int) -> tuple[float
     link is emulated, so its plan assumes no transmit times (``plan_delays_ms`` are latencies),
     where ``compare.predict`` would plan for the model's rates."""
     from titan_morph.config.links import configured_message_bytes, link_model
-    from titan_morph.integration.assembly import FAMILIES, initial_plan
+    from titan_morph.integration.plans import FAMILIES, initial_plan
     from titan_morph.pipelining.simulate import simulate
 
     morph, stages = settings.morph, settings.stages

@@ -54,6 +54,7 @@ from titan_morph.runtime.optime import CLOCK_CODES, OpSpan, OpTimer
 from titan_morph.runtime.optime import op_timer as make_op_timer
 from titan_morph.runtime.records import StepRecord
 from titan_morph.runtime.replicas import ReplicaSplit
+from titan_morph.runtime.stage_hooks import wrap_ops
 from titan_morph.runtime.summary import StepHistory, StepPoint
 from titan_morph.runtime.testbed import DeviceClock
 
@@ -389,8 +390,8 @@ class MorphSchedule(_PipelineScheduleRuntime):
         also per stage, for a rank that runs several)."""
         timer = self.op_timer
 
-        def wrap(name: str, kind: str) -> None:
-            inner = getattr(stage, name)
+        def wrap(name: str, inner: Callable[..., Any]) -> Callable[..., Any]:
+            kind = _TIMED_METHODS[name]
 
             def timed(mb_index: int, *args: Any, **kwargs: Any) -> Any:
                 rec = self._current
@@ -409,11 +410,9 @@ class MorphSchedule(_PipelineScheduleRuntime):
                 self._produced_at = span.end_s if span is not None else time.monotonic()
                 return out
 
-            # on this stage instance only: torch's schedules call these methods by name, with no hook around them
-            setattr(stage, name, timed)
+            return timed
 
-        for name, kind in _TIMED_METHODS.items():
-            wrap(name, kind)
+        wrap_ops(stage, "timing", wrap, "timed by a MorphSchedule")
 
     def _add_span(self, rec: StepRecord, span: OpSpan) -> None:
         took = span.ms

@@ -26,10 +26,9 @@ from typing import Any
 import torch
 
 from titan_morph.pipelining.speeds import ComputeModel
+from titan_morph.runtime.stage_hooks import wrap_ops
 
 __all__ = ["ACTIVE", "ComputeSlowdown", "slow_stage_compute"]
-
-_SLOWED_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
 
 
 class ComputeSlowdown:
@@ -96,15 +95,12 @@ class _CudaExtra:
 
 
 def slow_stage_compute(stage: Any, slowdown: ComputeSlowdown = ACTIVE) -> None:
-    """Follow each of ``stage``'s F, I/B and W calls by (factor - 1) x its duration (module docstring)."""
-    if getattr(stage, "_titan_morph_slowed", False):
-        raise RuntimeError(f"stage {stage.stage_index}'s compute is already slowed")
+    """Follow each of ``stage``'s F, I/B and W calls by (factor - 1) x its duration (module
+    docstring): the ``compute`` layer of :mod:`.stage_hooks`."""
     device = getattr(stage, "device", None)
     cuda = _CudaExtra(device) if isinstance(device, torch.device) and device.type == "cuda" else None
 
-    def wrap(name: str) -> None:
-        inner: Callable[..., Any] = getattr(stage, name)
-
+    def wrap(name: str, inner: Callable[..., Any]) -> Callable[..., Any]:
         def slowed(*args: Any, **kwargs: Any) -> Any:
             factor = slowdown.factor()
             if cuda is not None:
@@ -119,9 +115,6 @@ def slow_stage_compute(stage: Any, slowdown: ComputeSlowdown = ACTIVE) -> None:
                 time.sleep((time.monotonic() - t0) * (factor - 1.0))
             return out
 
-        # on this stage instance only: torch's schedules call these methods by name, with no hook around them
-        setattr(stage, name, slowed)
+        return slowed
 
-    for name in _SLOWED_METHODS:
-        wrap(name)
-    stage._titan_morph_slowed = True
+    wrap_ops(stage, "compute", wrap, "slowed by the compute factor")

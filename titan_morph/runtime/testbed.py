@@ -56,6 +56,7 @@ from typing import Any
 
 from titan_morph.comm.transport import Handle
 from titan_morph.runtime.slowdown import ACTIVE
+from titan_morph.runtime.stage_hooks import wrap_module_forward, wrap_ops
 
 # A wait counts as "blocked" (the input was not there yet) if it took longer than this.
 WAIT_BLOCKED_S = 2e-4
@@ -196,31 +197,26 @@ def pad_stage_compute(
     ``hide_host_gap_ms = 0`` disables hiding (every op is padded from the moment it is called).
     ``clock``: the device clock of another stage of this rank, to share (the V); None: a new one.
     """
-    if getattr(stage, "_titan_morph_padded", None) is not None:
-        raise RuntimeError(f"stage {stage.stage_index} is already padded to {stage._titan_morph_padded}")
     _install_wait_probe()
     clock = DeviceClock(hide_host_gap_ms) if clock is None else clock
     fwd, bwd, wgt = times.fwd_ms / 1e3, times.bwd_ms / 1e3, times.wgt_ms / 1e3
 
-    forward = stage.forward_one_chunk
-    backward = stage.backward_one_chunk
-    backward_weight = stage.backward_weight_one_chunk
+    def wrap(name: str, inner: Callable[..., Any]) -> Callable[..., Any]:
+        if name == "backward_one_chunk":  # I alone, or B = I + W
 
-    def forward_one_chunk(*args: Any, **kwargs: Any) -> Any:
-        return clock.run(fwd * factor(), forward, *args, **kwargs)
+            def backward(*args: Any, **kwargs: Any) -> Any:
+                target = bwd + wgt if kwargs.get("full_backward", True) else bwd
+                return clock.run(target * factor(), inner, *args, **kwargs)
 
-    def backward_one_chunk(*args: Any, **kwargs: Any) -> Any:
-        target = bwd + wgt if kwargs.get("full_backward", True) else bwd
-        return clock.run(target * factor(), backward, *args, **kwargs)
+            return backward
+        target = fwd if name == "forward_one_chunk" else wgt
 
-    def backward_weight_one_chunk(*args: Any, **kwargs: Any) -> Any:
-        return clock.run(wgt * factor(), backward_weight, *args, **kwargs)
+        def padded(*args: Any, **kwargs: Any) -> Any:
+            return clock.run(target * factor(), inner, *args, **kwargs)
 
-    # on this stage instance only: torch's schedules call these methods by name, with no hook around them
-    stage.forward_one_chunk = forward_one_chunk
-    stage.backward_one_chunk = backward_one_chunk
-    stage.backward_weight_one_chunk = backward_weight_one_chunk
-    stage._titan_morph_padded = times
+        return padded
+
+    wrap_ops(stage, "compute", wrap, f"padded to {times}")
     return clock
 
 
@@ -259,28 +255,25 @@ def pad_stage_messages(stage: Any, message_bytes: int, key: str = "morph.synthet
     ``message_bytes`` long: the output is sent with a zero padding tensor beside it, which the next
     stage drops. Values and gradients are unchanged, only the bytes on the link grow, so a testbed's
     link load is set independently of its model width (bandwidth studies)."""
-    if getattr(stage, "_titan_morph_message_bytes", None) is not None:
-        raise RuntimeError(f"stage {stage.stage_index}'s messages are already padded")
     pad, drop = _message_ops()
-    submod = stage.submod
-    forward = submod.forward
     first, last = stage.is_first, stage.is_last
 
-    def padded_forward(*args: Any, **kwargs: Any) -> Any:
-        if not first and len(args) == 2:  # (activations, padding) from the previous stage
-            args = (drop.apply(args[0], args[1]),)
-        out = forward(*args, **kwargs)
-        if last:
-            return out
-        extra = message_bytes - out.nbytes
-        if extra < 0 or extra % out.element_size():
-            raise ValueError(
-                f"{key}: {message_bytes / 1024:g} KiB per message, but stage {stage.stage_index} sends "
-                f"{out.nbytes / 1024:g} KiB of activations ({tuple(out.shape)} {out.dtype}): use 0 or a size >= that,"
-                f" in whole {out.element_size()}-byte values"
-            )
-        return pad.apply(out, extra // out.element_size()) if extra else out
+    def wrap(forward: Callable[..., Any]) -> Callable[..., Any]:
+        def padded_forward(*args: Any, **kwargs: Any) -> Any:
+            if not first and len(args) == 2:  # (activations, padding) from the previous stage
+                args = (drop.apply(args[0], args[1]),)
+            out = forward(*args, **kwargs)
+            if last:
+                return out
+            extra = message_bytes - out.nbytes
+            if extra < 0 or extra % out.element_size():
+                raise ValueError(
+                    f"{key}: {message_bytes / 1024:g} KiB per message, but stage {stage.stage_index} sends "
+                    f"{out.nbytes / 1024:g} KiB of activations ({tuple(out.shape)} {out.dtype}): use 0 or a size"
+                    f" >= that, in whole {out.element_size()}-byte values"
+                )
+            return pad.apply(out, extra // out.element_size()) if extra else out
 
-    # on this module instance only: torch's stage calls submod(...), which runs its forward
-    submod.forward = padded_forward
-    stage._titan_morph_message_bytes = message_bytes
+        return padded_forward
+
+    wrap_module_forward(stage, wrap, f"padded to {message_bytes} bytes a message")

@@ -195,7 +195,7 @@ class DelegatePool:
             )
             token = uuid.uuid4().hex[:12]
             base.set(key, f"{token}@{host}:{self._master.port}")
-        client = base.clone()  # type: ignore[attr-defined]  # torch's stub omits Store.clone
+        client = base.clone()  # type: ignore[attr-defined, unused-ignore]  # in torch's stub from 2.15 only
         client.set_timeout(startup)
         value: str = client.get(key).decode()
         token, self._store_addr = value.split("@", 1)

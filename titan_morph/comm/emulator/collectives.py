@@ -334,13 +334,14 @@ class DelayedGroup(dist.ProcessGroup):
     """
 
     def __init__(self, opts: Any) -> None:
-        super().__init__(opts.group_rank, opts.group_size)  # type: ignore[call-arg]  # (rank, size) is not in torch's stub
+        super().__init__(opts.group_rank, opts.group_size)  # type: ignore[call-arg, unused-ignore]  # in torch's stub from 2.15 only
         from torch._C._distributed_c10d import ProcessGroupGloo
 
         gloo = ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, opts.timeout)
         self.inner = cast(_GlooOps, gloo)
         # Ops not overridden below reach the inner gloo backend through the C++ ProcessGroup.
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, gloo)
+        self._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)  # torch 2.15's flight recorder reads it
         ranks = list(opts.global_ranks_in_group) or list(range(dist.get_world_size()))
         self.ranks = tuple(int(r) for r in ranks)
         with _config.lock:

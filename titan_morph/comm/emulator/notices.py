@@ -38,7 +38,7 @@ class NoticeBoard:
         self._clients: dict[tuple[int, str], _Client] = {}
 
     def _clone(self) -> Store:
-        clone: Store = self._base.clone()  # type: ignore[attr-defined]  # torch's stub omits Store.clone
+        clone: Store = self._base.clone()  # type: ignore[attr-defined, unused-ignore]  # in torch's stub from 2.15 only
         return clone
 
     @staticmethod

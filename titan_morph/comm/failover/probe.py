@@ -86,7 +86,7 @@ class Prober:
                     return
             try:
                 router.store.set(f"{base}/{router.stage}", "1" if group is not None else "0")
-                client = router.store.clone()  # type: ignore[attr-defined]  # torch's stub omits Store.clone
+                client = router.store.clone()  # type: ignore[attr-defined, unused-ignore]  # in torch's stub from 2.15 only
                 client.set_timeout(timedelta(seconds=timeout))
                 theirs = client.get(f"{base}/{peer}").decode() == "1"
             except Exception:
@@ -117,7 +117,7 @@ class Prober:
         router = self.router
         ok = False
         try:
-            client = router.store.clone()  # type: ignore[attr-defined]  # torch's stub omits Store.clone
+            client = router.store.clone()  # type: ignore[attr-defined, unused-ignore]  # in torch's stub from 2.15 only
             client.set_timeout(timedelta(seconds=timeout))
             family = socket.AF_INET6 if ":" in ip else socket.AF_INET
             if link == router.stage:  # the lower end listens

@@ -149,7 +149,7 @@ class Router:
         peer = link + 1 if link == self.stage else link
         base = f"{self.ns}/switch/{link}/{gen}"
         self.store.set(f"{base}/{self.stage}", "1" if mine else "0")
-        client = self.store.clone()  # type: ignore[attr-defined]  # torch's stub omits Store.clone
+        client = self.store.clone()  # type: ignore[attr-defined, unused-ignore]  # in torch's stub from 2.15 only
         client.set_timeout(timedelta(seconds=self.timeout_s))
         theirs: bool = client.get(f"{base}/{peer}").decode() == "1"
         if not (mine and theirs):
