@@ -38,11 +38,11 @@ from titan_morph.integration.hybrid import known_link_delays, lanes_group, make_
 from titan_morph.monitor.adapt import AdaptPolicy, Monitor
 from titan_morph.monitor.replan import adapted_plan, search_iterations
 from titan_morph.monitor.topology import PipelineCost
-from titan_morph.pipelining.baselines import zbv_memory
-from titan_morph.pipelining.builders import V_SCHEDULES, build
-from titan_morph.pipelining.links import LinkModel
-from titan_morph.pipelining.model import CostModel, Plan
-from titan_morph.pipelining.simulate import simulate
+from titan_morph.pipelining.core.links import LinkModel
+from titan_morph.pipelining.core.model import CostModel, Plan
+from titan_morph.pipelining.schedules.baselines import zbv_memory
+from titan_morph.pipelining.search.builders import V_SCHEDULES, build
+from titan_morph.pipelining.timing.simulate import simulate
 from titan_morph.runtime.exchange import StepExchange
 from titan_morph.runtime.schedule import MorphSchedule
 from titan_morph.runtime.testbed import DeviceClock, StageTimes, pad_stage_compute, pad_stage_messages
