@@ -33,8 +33,8 @@ from pathlib import Path
 from titan_morph.compare.results import PIPELINE_TAG, read_scalars
 from titan_morph.compare.runner import LOG_FILE, load_outcome, run_command, run_job
 from titan_morph.monitor.attribution import Measured, straggler_costs
-from titan_morph.pipelining.builders import build
-from titan_morph.pipelining.model import CostModel
+from titan_morph.pipelining.core.model import CostModel
+from titan_morph.pipelining.search.builders import build
 
 CONFIG = Path("train_configs/synthetic_cpu.toml")
 RANKS, START, STEPS, STEADY = 4, 4, 30, 12

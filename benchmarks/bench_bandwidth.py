@@ -34,11 +34,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.gaps import gap_cell, gap_row, header, optima, reference_line, references, within  # noqa: E402
-from titan_morph.pipelining.builders import build  # noqa: E402
-from titan_morph.pipelining.instances import bandwidth_set, describe, random_instance  # noqa: E402
-from titan_morph.pipelining.model import CostModel  # noqa: E402
-from titan_morph.pipelining.search import search_detailed  # noqa: E402
-from titan_morph.pipelining.simulate import makespan  # noqa: E402
+from titan_morph.pipelining.core.model import CostModel  # noqa: E402
+from titan_morph.pipelining.reference.instances import bandwidth_set, describe, random_instance  # noqa: E402
+from titan_morph.pipelining.search.builders import build  # noqa: E402
+from titan_morph.pipelining.search.driver import search_detailed  # noqa: E402
+from titan_morph.pipelining.timing.simulate import makespan  # noqa: E402
 
 TAUS = (15.0, 20.0, 25.0, 30.0)
 

@@ -17,7 +17,7 @@ Measured (medians over the steps after ``--skip``, read back from TensorBoard):
   gaps between steps), which the ZBH2/PipeMorph rows show as step - pipeline.
 
 Simulated: ``compare.predict.simulated_ms`` on the run's own settings: the plan the job runs, built
-as the runtime builds it, executed by ``pipelining.simulate`` under the same ``link_model(...)``
+as the runtime builds it, executed by ``pipelining.timing.simulate`` under the same ``link_model(...)``
 (rates and message size included) with the testbed's stage times and the transport's queue depth.
 For ZBH2/PipeMorph the runtime's own ``morph/predicted_ms`` (the simulator on the emulator's link
 object, in the job) is printed next to it: they must agree. The last columns explain what is left:

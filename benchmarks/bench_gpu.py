@@ -142,7 +142,7 @@ def isolation(rank: int, repeat: int) -> dict:
     import torch.distributed as dist
 
     from titan_morph.comm.delegate.transport import DelegateTransport
-    from titan_morph.pipelining.links import StaticDelays
+    from titan_morph.pipelining.core.links import StaticDelays
 
     out: dict = {"alone": [], "delegated": [], "blocking": [], "unpack_ms": []}
     with DelegateTransport(stage=rank, num_stages=2, links=StaticDelays((60.0,)), device="cuda:0") as tr:

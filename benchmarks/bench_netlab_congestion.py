@@ -247,13 +247,13 @@ def _simulated_at(logdir: Path, name: str, rate: float) -> dict[str, float | Non
 
 
 def _bound_under_limit(opts: argparse.Namespace, base: float) -> float:
-    """Any schedule's lower bound (``pipelining.exact.lower_bound_under``, what ``morph/bound_ms``
+    """Any schedule's lower bound (``pipelining.timing.bounds.lower_bound_under``, what ``morph/bound_ms``
     is for emulated links) under the link model of the limit: the runtime's own figure cannot know
     a kernel limit, so on the lab it is the compute-only bound."""
     from titan_morph.compare.configs import resolve_settings
     from titan_morph.config.links import configured_message_bytes, link_model
     from titan_morph.integration.plans import cost_model
-    from titan_morph.pipelining.exact import lower_bound_under
+    from titan_morph.pipelining.timing.bounds import lower_bound_under
 
     rates = ["0"] * (NODES - 1)
     rates[LINK] = f"{opts.rate:g}"

@@ -1,7 +1,7 @@
 """Stragglers that come, change and go: PipeMorph adapting against the best fixed choice, per phase.
 
 Replays one trace (``[morph.inject] trace_file``: rows for links and for ranks, keyed by step,
-:mod:`titan_morph.pipelining.trace_rows`) on the synthetic testbed (PP = 4, N = 24, F = B = W =
+:mod:`titan_morph.pipelining.core.trace_rows`) on the synthetic testbed (PP = 4, N = 24, F = B = W =
 10 ms, messages of ``--message-kb``) and runs, one job at a time:
 
 * ``adapting``: PipeMorph with live re-planning under the whole trace, on ``--transport``
@@ -41,8 +41,8 @@ from titan_morph.compare.runner import load_outcome, run_command, run_job
 from titan_morph.config import Inject, Morph, resolve_morph
 from titan_morph.config.fields import Layout
 from titan_morph.config.links import compute_model, link_model
-from titan_morph.pipelining.links import DIRECTIONS
-from titan_morph.pipelining.trace_rows import read_trace_rows
+from titan_morph.pipelining.core.links import DIRECTIONS
+from titan_morph.pipelining.core.trace_rows import read_trace_rows
 
 CONFIG = Path("train_configs/synthetic_cpu.toml")
 RANKS = 4

@@ -40,14 +40,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.gaps import gap_row, header, optima, reference_line, references, within  # noqa: E402
 from benchmarks.timing import timed  # noqa: E402
-from titan_morph.pipelining.builders import build  # noqa: E402
-from titan_morph.pipelining.exact import lower_bound_under  # noqa: E402
-from titan_morph.pipelining.instances import planner_set, random_instance  # noqa: E402
-from titan_morph.pipelining.links import RandomDelays  # noqa: E402
-from titan_morph.pipelining.model import CostModel, Plan  # noqa: E402
-from titan_morph.pipelining.robust import expected_makespan, robust_search, sample_delays  # noqa: E402
-from titan_morph.pipelining.search import default_iterations, search_detailed  # noqa: E402
-from titan_morph.pipelining.simulate import makespan  # noqa: E402
+from titan_morph.pipelining.core.model import CostModel, Plan  # noqa: E402
+from titan_morph.pipelining.core.stragglers import RandomDelays  # noqa: E402
+from titan_morph.pipelining.reference.instances import planner_set, random_instance  # noqa: E402
+from titan_morph.pipelining.search.builders import build  # noqa: E402
+from titan_morph.pipelining.search.driver import default_iterations, search_detailed  # noqa: E402
+from titan_morph.pipelining.search.robust import expected_makespan, robust_search, sample_delays  # noqa: E402
+from titan_morph.pipelining.timing.bounds import lower_bound_under  # noqa: E402
+from titan_morph.pipelining.timing.simulate import makespan  # noqa: E402
 
 
 def bench_speed(seed: int, quick: bool) -> list[str]:
@@ -182,8 +182,8 @@ def bench_testbed(steps: int, seeds: int) -> list[str]:
     rows = [
         f"PP=4, N=24, F=B=W=10 ms; {steps} consecutive steps per seed, seeds 1..{seeds}; ZB-H2 on the NCCL-like"
         " blocking transport (depth 2, as in synthetic_cpu.toml), PipeMorph non-blocking (delegated). The lower"
-        " bound (`exact.lower_bound_under`) holds for any schedule at the robust plan's step starts: ZB-H2 / it is"
-        " the most any plan could gain.",
+        " bound (`timing.bounds.lower_bound_under`) holds for any schedule at the robust plan's step starts: ZB-H2 /"
+        " it is the most any plan could gain.",
         "",
         "| plan | x_i | mean step ms | ZB-H2 / it |",
         "|---|---|---:|---:|",

@@ -2,7 +2,7 @@
 
 Prints measured figures as compact markdown tables (no assertions; the tests check correctness).
 Mirrors the paper's §7.4 / Fig. 20 (gap to an MILP optimum and solving time) on random
-heterogeneous instances from ``titan_morph.pipelining.instances``.
+heterogeneous instances from ``titan_morph.pipelining.reference.instances``.
 
     python benchmarks/bench_scheduler.py            # full run (exact part takes minutes)
     python benchmarks/bench_scheduler.py --quick    # fewer instances, shorter exact time limit
@@ -20,12 +20,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.timing import timed  # noqa: E402
-from titan_morph.pipelining.generate import generate  # noqa: E402
-from titan_morph.pipelining.instances import random_instance  # noqa: E402
-from titan_morph.pipelining.model import CostModel  # noqa: E402
-from titan_morph.pipelining.search import search_detailed  # noqa: E402
-from titan_morph.pipelining.simulate import makespan  # noqa: E402
-from titan_morph.pipelining.slackness import adapted_warmup  # noqa: E402
+from titan_morph.pipelining.core.model import CostModel  # noqa: E402
+from titan_morph.pipelining.reference.instances import random_instance  # noqa: E402
+from titan_morph.pipelining.schedules.generate import generate  # noqa: E402
+from titan_morph.pipelining.schedules.slackness import adapted_warmup  # noqa: E402
+from titan_morph.pipelining.search.driver import search_detailed  # noqa: E402
+from titan_morph.pipelining.timing.simulate import makespan  # noqa: E402
 
 
 def _fixed(stages: int, microbatches: int, seed: int) -> CostModel:
@@ -98,7 +98,7 @@ def bench_gain(seed: int, count: int) -> list[str]:
 
 def bench_gap(seed: int, count: int, time_limit_s: float) -> list[str]:
     from benchmarks.gaps import Reference, gap_row, header, within
-    from titan_morph.pipelining.exact import optimal_makespan
+    from titan_morph.pipelining.reference.exact import optimal_makespan
 
     rng = random.Random(seed)
     spans: dict[str, list[float]] = {"search": [], "Alg. 2 (adapted_warmup)": [], "Alg. 2 as printed": []}

@@ -80,8 +80,8 @@ def overrides(schedule: str, delays: str, steps: int) -> list[str]:
 
 
 def simulated(plan, delays: tuple[float, ...], depth: int | None) -> float:
-    from titan_morph.pipelining.links import StaticDelays
-    from titan_morph.pipelining.simulate import simulate
+    from titan_morph.pipelining.core.links import StaticDelays
+    from titan_morph.pipelining.timing.simulate import simulate
 
     model = plan.model.with_delays((0.0,) * len(delays))
     return simulate(model, plan.orders, links=StaticDelays(delays), depth=depth).makespan
@@ -92,8 +92,8 @@ def predict(schedule: str, args: list[str], delays: tuple[float, ...]):
     from torchtitan.config import ConfigManager
 
     from titan_morph.integration.plans import initial_plan
-    from titan_morph.pipelining.links import StaticDelays
-    from titan_morph.pipelining.simulate import simulate
+    from titan_morph.pipelining.core.links import StaticDelays
+    from titan_morph.pipelining.timing.simulate import simulate
 
     cfg = ConfigManager().parse_args(["--job.config_file", str(CONFIG), *args])
     morph = cfg.morph

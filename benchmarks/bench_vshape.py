@@ -34,10 +34,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from titan_morph.pipelining.baselines import zbv_memory  # noqa: E402
-from titan_morph.pipelining.builders import build  # noqa: E402
-from titan_morph.pipelining.model import CostModel, Plan, in_flight_peak  # noqa: E402
-from titan_morph.pipelining.simulate import makespan  # noqa: E402
+from titan_morph.pipelining.core.model import CostModel, Plan, in_flight_peak  # noqa: E402
+from titan_morph.pipelining.schedules.baselines import zbv_memory  # noqa: E402
+from titan_morph.pipelining.search.builders import build  # noqa: E402
+from titan_morph.pipelining.timing.simulate import makespan  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 R, N, T = 4, 16, 5.0
@@ -90,8 +90,8 @@ def bench_simulation() -> list[str]:
 
 def bench_gap(exact_s: float, quick: bool) -> list[str]:
     from benchmarks.gaps import Reference, gap_cell
-    from titan_morph.pipelining.exact import optimal_makespan
-    from titan_morph.pipelining.search import search_detailed
+    from titan_morph.pipelining.reference.exact import optimal_makespan
+    from titan_morph.pipelining.search.driver import search_detailed
 
     small = [(2, 4, [20.0]), (2, 6, [30.0]), (2, 8, [60.0]), (3, 6, [30.0, 0.0]), (3, 6, [0.0, 30.0])]
     if not quick:
@@ -138,8 +138,8 @@ def bench_gap(exact_s: float, quick: bool) -> list[str]:
 def bench_testbed(steps: int, skip: int, timeout: float) -> list[str]:
     from titan_morph.compare.results import read_scalars
     from titan_morph.compare.runner import run_checked
-    from titan_morph.pipelining.links import StaticDelays
-    from titan_morph.pipelining.simulate import simulate
+    from titan_morph.pipelining.core.links import StaticDelays
+    from titan_morph.pipelining.timing.simulate import simulate
     from titan_morph.runtime.metrics import plan_scalar
 
     config = REPO / "train_configs" / "synthetic_cpu.toml"

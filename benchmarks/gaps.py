@@ -1,6 +1,6 @@
 """Gaps to the exact optimum, each stated against what it is measured against.
 
-CP-SAT (:func:`pipelining.exact.optimal_makespan`, warm-started from a baseline, never from the
+CP-SAT (:func:`pipelining.reference.exact.optimal_makespan`, warm-started from a baseline, never from the
 planner it judges) either proves its schedule optimal or returns the best schedule it found and a
 proven lower bound. A gap is therefore against the proven optimum where there is one; elsewhere
 against the best schedule known (CP-SAT's, or a planner's when shorter), which is no optimum, with
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from titan_morph.pipelining.instances import describe
-from titan_morph.pipelining.model import CostModel
+from titan_morph.pipelining.core.model import CostModel
+from titan_morph.pipelining.reference.instances import describe
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def optima(models: Sequence[CostModel], cache: Path, limit_s: float) -> dict[str
     """CP-SAT's result per instance (``describe(model)``), solved with the default warm start (a
     baseline) and cached as JSON in ``cache``; a cached entry is reused when it is proven or was
     solved at least as long and records its start."""
-    from titan_morph.pipelining.exact import optimal_makespan
+    from titan_morph.pipelining.reference.exact import optimal_makespan
 
     known = json.loads(cache.read_text()) if cache.exists() else {}
     for model in models:

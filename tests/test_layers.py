@@ -6,6 +6,14 @@ Layers, lowest first: pipelining (the planner) -> comm (transports, one subpacka
 the entry points ``titan_morph.train``, ``titan_morph.launch`` and ``titan_morph.configs``) ->
 compare -> netlab. A module may import its own layer and the ones below; every import counts, also
 those inside functions.
+
+The planner (``pipelining/``) is itself in rooms, lowest first: core (model, links, stragglers,
+speeds, layout, values, trace rows) -> schedules (slackness, the generator, baselines) and timing
+(the timing routine, simulate, deadlock, closed-form bounds), which import neither each other ->
+search (driver, knobs, tabu, score, robust, builders) -> partition, reference (CP-SAT, instances)
+and output (export, render), none importing another -> cli (the plan and partition command lines);
+the two ``python -m`` entry points (``plan.py``, ``partition/__main__.py``) sit above every room. A
+room imports itself and the rooms on lower levels only.
 """
 
 from __future__ import annotations
@@ -134,8 +142,8 @@ def test_no_import_cycle_between_files():
 def test_importing_the_planner_loads_no_torch_in_a_fresh_interpreter():
     """Every planner module, imported in a fresh interpreter, loads neither torch (nor matplotlib or
     OR-Tools, imported lazily where a picture or the exact solver needs them) nor another package."""
-    modules = sorted(_module(p) for p in (PACKAGE / "pipelining").glob("*.py"))
-    assert {"titan_morph.pipelining.cli", "titan_morph.pipelining.search"} <= set(modules)
+    modules = sorted(_module(p) for p in (PACKAGE / "pipelining").rglob("*.py"))
+    assert {"titan_morph.pipelining.cli.plan", "titan_morph.pipelining.search.driver"} <= set(modules)
     code = (
         "import importlib, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
@@ -175,6 +183,52 @@ def test_test_modules_outside_packages_have_unique_names():
             clashes.append(f"{seen[path.name].relative_to(tests)} ~ {path.relative_to(tests)}")
         seen.setdefault(path.name, path)
     assert not clashes, clashes
+
+
+PLANNER_ROOMS = (("core",), ("schedules", "timing"), ("search",), ("partition", "reference", "output"), ("cli",))
+"""The planner's rooms by level, lowest first (module docstring); rooms on one level are siblings."""
+PLANNER_ENTRY_POINTS = ("titan_morph.pipelining.plan", "titan_morph.pipelining.partition.__main__")
+
+
+def _room(module: str) -> tuple[str, int] | None:
+    """A planner module's room and its level (the entry points above every room); None outside the
+    rooms (another package, or ``titan_morph.pipelining`` itself)."""
+    parts = module.split(".")
+    if parts[:2] != ["titan_morph", "pipelining"] or len(parts) < 3:
+        return None
+    if module in PLANNER_ENTRY_POINTS:
+        return "entry point", len(PLANNER_ROOMS)
+    level = next((k for k, rooms in enumerate(PLANNER_ROOMS) if parts[2] in rooms), -1)
+    return parts[2], level
+
+
+def test_the_planner_rooms_import_only_lower_levels():
+    planner = PACKAGE / "pipelining"
+    rooms = {p.name for p in planner.iterdir() if (p / "__init__.py").exists()}
+    assert rooms == {room for level in PLANNER_ROOMS for room in level}, rooms
+    wrong = []
+    for src, dst, line in _edges():
+        a, b = _room(src), _room(dst)
+        if a is None or b is None or a[0] == b[0]:
+            continue
+        if a[1] < 0 or b[1] >= a[1]:
+            wrong.append(f"{src}:{line} imports {dst} ({a[0]} -> {b[0]})")
+    assert not wrong, "imports against the planner's rooms:\n" + "\n".join(wrong)
+
+
+def test_the_planner_keeps_a_small_top_level_and_short_modules():
+    """Beside its rooms the planner's top level holds its package and the ``plan`` entry point; no
+    module of the planner or of the TorchTitan integration (the two largest rooms) is longer than 500
+    lines."""
+    top = sorted(p.name for p in (PACKAGE / "pipelining").glob("*.py"))
+    assert len(top) <= 6, top
+    long = [
+        f"{_module(p)}: {n} lines"
+        for room in ("pipelining", "integration")
+        for p in (PACKAGE / room).rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 500
+    ]
+    assert not long, long
 
 
 MAX_LINES = 600

@@ -33,7 +33,7 @@ def _late_consumer(rank: int, world: int, kind: str) -> dict:
     import torch.distributed as dist
 
     from titan_morph.comm import sync_clock
-    from titan_morph.pipelining.links import StaticDelays
+    from titan_morph.pipelining.core.links import StaticDelays
 
     links = StaticDelays((DELAY_MS,))
     clock = sync_clock()
@@ -103,7 +103,7 @@ def _failover_records(rank: int, world: int) -> dict:
     from titan_morph.comm.delegate.transport import DelegateTransport
     from titan_morph.comm.failover.transport import FailoverTransport
     from titan_morph.comm.timeouts import CommTimeouts
-    from titan_morph.pipelining.links import StaticDelays
+    from titan_morph.pipelining.core.links import StaticDelays
 
     links = StaticDelays((5.0,), (3.0,))
     clock = sync_clock()
@@ -242,7 +242,7 @@ def _close_with_posted_receive(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
     from titan_morph.comm import EmulatedTransport, TorchTransport, sync_clock
-    from titan_morph.pipelining.links import StaticDelays
+    from titan_morph.pipelining.core.links import StaticDelays
 
     epoch = sync_clock().epoch
     tr = EmulatedTransport(TorchTransport(), StaticDelays((1.0,)), stage=rank, num_stages=world, depth=2, epoch=epoch)

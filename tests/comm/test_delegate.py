@@ -157,7 +157,7 @@ def _delayed(rank: int, world: int) -> dict:
 
     from titan_morph.comm.delegate.transport import DelegateTransport
     from titan_morph.comm.records import CommTimeoutError
-    from titan_morph.pipelining.links import StaticDelays
+    from titan_morph.pipelining.core.links import StaticDelays
 
     out: dict = {}
     with DelegateTransport(stage=rank, num_stages=world, links=StaticDelays((60.0,)), delegates_per_link=2) as tr:
@@ -215,7 +215,7 @@ def _rated(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
     from titan_morph.comm.delegate.transport import DelegateTransport
-    from titan_morph.pipelining.links import StaticDelays
+    from titan_morph.pipelining.core.links import StaticDelays
 
     out: dict = {}
     with DelegateTransport(stage=rank, num_stages=world, links=StaticDelays((0.0,), transmit=(40.0,))) as tr:

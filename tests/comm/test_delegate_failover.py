@@ -27,7 +27,7 @@ def _failover(rank: int, world: int) -> dict:
     from titan_morph.comm import EmulatedTransport, TorchTransport, sync_clock
     from titan_morph.comm.delegate.transport import DelegateTransport
     from titan_morph.comm.failover.transport import FailoverTransport
-    from titan_morph.pipelining.links import TraceDelays, TraceEvent
+    from titan_morph.pipelining.core.stragglers import TraceDelays, TraceEvent
 
     links = TraceDelays(1, (TraceEvent(3, 0, math.inf),), key="step")  # link 0 down from step 3 on
     epoch = sync_clock().epoch  # one t=0 for both paths (FailoverTransport requires it)

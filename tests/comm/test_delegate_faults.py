@@ -147,7 +147,7 @@ def _bounded_waits(rank: int, world: int) -> dict:
     from titan_morph.comm import CommTimeoutError, EmulatedTransport, TorchTransport, sync_clock
     from titan_morph.comm.delegate.transport import DelegateTransport
     from titan_morph.comm.timeouts import CommTimeouts
-    from titan_morph.pipelining.links import StaticDelays
+    from titan_morph.pipelining.core.links import StaticDelays
 
     timeouts = CommTimeouts(init_s=30.0, train_s=1.0)
     epoch = sync_clock().epoch

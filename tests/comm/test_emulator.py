@@ -170,7 +170,7 @@ def _report(name: str, delays) -> list[float]:
 
 @pytest.mark.parametrize("timed", TIMED)
 def test_static_delay_both_directions_fifo_payloads(timed: bool):
-    from titan_morph.pipelining.links import StaticDelays
+    from titan_morph.pipelining.core.links import StaticDelays
 
     n = 30
     res = run_ranks(_exchange, 2, StaticDelays((20.0,), (50.0,)), n, 5.0, timeout=60)
@@ -186,7 +186,7 @@ def test_static_delay_both_directions_fifo_payloads(timed: bool):
 
 @pytest.mark.parametrize("timed", TIMED)
 def test_four_ranks_all_links_both_directions(timed: bool):
-    from titan_morph.pipelining.links import StaticDelays
+    from titan_morph.pipelining.core.links import StaticDelays
 
     n = 10
     model = StaticDelays((10.0, 30.0, 50.0), (5.0, 15.0, 25.0))
@@ -206,7 +206,7 @@ def _blocking(rank: int, world: int, delay: float, depths: list) -> dict:
     import torch
     import torch.distributed as dist
 
-    from titan_morph.pipelining.links import StaticDelays
+    from titan_morph.pipelining.core.links import StaticDelays
 
     out = {}
     for depth in depths:
@@ -236,7 +236,7 @@ def _blocking(rank: int, world: int, delay: float, depths: list) -> dict:
 def test_blocking_depth_matches_link_queue(timed: bool):
     """depth=d blocks the caller exactly as LinkQueue predicts (head-of-line); depth=None never blocks.
     The caller's measured blocking, at least the predicted one; ``timed``: and not much more."""
-    from titan_morph.pipelining.links import LinkQueue, StaticDelays
+    from titan_morph.pipelining.core.links import LinkQueue, StaticDelays
 
     delay = 50.0
     sender, receiver = run_ranks(_blocking, 2, delay, [1, 2, None], timeout=60)
@@ -305,7 +305,7 @@ def _check_model(name: str, result: dict, model, timed: bool) -> list[float]:
 
 @pytest.mark.parametrize("timed", TIMED)
 def test_time_keyed_trace_switches_delay(timed: bool):
-    from titan_morph.pipelining.links import TraceDelays, TraceEvent
+    from titan_morph.pipelining.core.stragglers import TraceDelays, TraceEvent
 
     trace = TraceDelays(1, (TraceEvent(0, 0, 10.0), TraceEvent(250, 0, 40.0)), key="time_ms")
     seen = _check_model("trace time_ms", run_ranks(_stream, 2, trace, 25, 15.0, timeout=60)[0], trace, timed)
@@ -314,7 +314,7 @@ def test_time_keyed_trace_switches_delay(timed: bool):
 
 @pytest.mark.parametrize("timed", TIMED)
 def test_random_delays_redrawn_over_time(timed: bool):
-    from titan_morph.pipelining.links import RandomDelays
+    from titan_morph.pipelining.core.stragglers import RandomDelays
 
     rnd = RandomDelays(1, mean=30.0, std=10.0, interval=(40.0, 80.0), seed=3)
     seen = _check_model("random N(30,10)", run_ranks(_stream, 2, rnd, 30, 12.0, timeout=60)[0], rnd, timed)
@@ -323,7 +323,7 @@ def test_random_delays_redrawn_over_time(timed: bool):
 
 @pytest.mark.parametrize("timed", TIMED)
 def test_step_keyed_trace_follows_set_step(timed: bool):
-    from titan_morph.pipelining.links import TraceDelays, TraceEvent
+    from titan_morph.pipelining.core.stragglers import TraceDelays, TraceEvent
 
     steps = [0] * 4 + [1] * 4 + [2] * 4
     trace = TraceDelays(1, (TraceEvent(1, 0, 30.0), TraceEvent(2, 0, 10.0)), key="step")
@@ -337,7 +337,8 @@ def _link_down(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
     from titan_morph.comm import CommTimeoutError, LinkDownError
-    from titan_morph.pipelining.links import StaticDelays, TraceDelays, TraceEvent
+    from titan_morph.pipelining.core.links import StaticDelays
+    from titan_morph.pipelining.core.stragglers import TraceDelays, TraceEvent
 
     out: dict = {}
     # 1. Link 0 goes down for good at t=150 ms (time-keyed trace): messages accepted before arrive,
@@ -424,7 +425,7 @@ def _hinted(rank: int, world: int, delay: float) -> dict:
     import torch
     import torch.distributed as dist
 
-    from titan_morph.pipelining.links import StaticDelays
+    from titan_morph.pipelining.core.links import StaticDelays
 
     emu = _emulator(rank, world, StaticDelays((delay,)), 2)
     dist.barrier()
@@ -475,7 +476,7 @@ def _unwaited_send_fails(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
     from titan_morph.comm import EmulatedTransport, TorchTransport, UndeliveredError, sync_clock
-    from titan_morph.pipelining.links import StaticDelays
+    from titan_morph.pipelining.core.links import StaticDelays
 
     pg = dist.new_group([0, 1])
     clock = sync_clock()

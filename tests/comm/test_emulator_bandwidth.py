@@ -22,7 +22,7 @@ def _burst(rank: int, world: int) -> list:
     import torch.distributed as dist
 
     from titan_morph.comm import EmulatedTransport, TorchTransport, sync_clock
-    from titan_morph.pipelining.links import Bandwidth, StaticDelays
+    from titan_morph.pipelining.core.links import Bandwidth, StaticDelays
 
     links = Bandwidth(StaticDelays((DELAY,)), (RATE,), ((SIZE, SIZE),))
     clock = sync_clock()
@@ -71,7 +71,7 @@ def _training(rank: int, world: int) -> dict:
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
     from titan_morph.comm import EmulatedTransport, TorchTransport, sync_clock, use_transport
-    from titan_morph.pipelining.links import Bandwidth, StaticDelays
+    from titan_morph.pipelining.core.links import Bandwidth, StaticDelays
     from titan_morph.runtime.testbed import pad_stage_messages
 
     out: dict = {}

@@ -100,7 +100,7 @@ def _pipeline(rank: int, world: int, schedule_name: str, kinds: list[str]) -> di
 
     from titan_morph.comm import EmulatedTransport, TorchTransport, sync_clock, use_transport
     from titan_morph.comm.transport import _torch_batch_p2p
-    from titan_morph.pipelining.links import StaticDelays
+    from titan_morph.pipelining.core.links import StaticDelays
 
     out = {}
     for kind in kinds:
@@ -188,7 +188,7 @@ def test_swap_restored_after_exception_in_real_step():
 def test_emulator_rejects_bad_settings_with_clear_errors():
     from titan_morph.comm import EmulatedTransport, TorchTransport
     from titan_morph.comm.timeouts import CommTimeouts
-    from titan_morph.pipelining.links import StaticDelays
+    from titan_morph.pipelining.core.links import StaticDelays
 
     def make(**kw):
         args = dict(stage=0, num_stages=2, depth=1, epoch=0.0)

@@ -20,7 +20,7 @@ def _make(kind: str, rank: int, world: int, epoch: float):
         RecordedTransport,
         TorchTransport,
     )
-    from titan_morph.pipelining.links import StaticDelays
+    from titan_morph.pipelining.core.links import StaticDelays
 
     where = {"stage": rank, "num_stages": world, "epoch": epoch}
     links = StaticDelays((5.0,))

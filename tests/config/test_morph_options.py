@@ -352,7 +352,7 @@ def test_plan_for_a_distribution_of_delays():
     drawn from N(plan_delays_ms, std) -- deterministic (the same on every rank), never worse on those
     samples than the plan for the mean alone."""
     from titan_morph.integration.plans import initial_plan
-    from titan_morph.pipelining.robust import expected_makespan
+    from titan_morph.pipelining.search.robust import expected_makespan
 
     base = _resolved(
         replace(Morph(), stage_times_ms=[10, 10, 10], plan_delays_ms=[30], search=True, search_iterations=40), 4
@@ -375,7 +375,7 @@ def test_plan_for_a_distribution_of_delays():
 def test_the_step_window_and_direction_apply_to_transmit_times_too():
     """[morph.inject]'s window and direction restrict a link model's transmit times as its delays."""
     from titan_morph.config.links import _Windowed
-    from titan_morph.pipelining.links import StaticDelays
+    from titan_morph.pipelining.core.links import StaticDelays
 
     windowed = _Windowed(StaticDelays((0.0, 50.0), transmit=(0.0, 7.0)), start_step=2, end_step=4, direction="fwd")
     assert (windowed.delay_ms(1, "fwd", step=3), windowed.transmit_ms(1, "fwd", step=3)) == (50.0, 7.0)

@@ -122,7 +122,7 @@ def _delayed_and_busy(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
     from titan_morph.comm.delegate.transport import DelegateTransport
-    from titan_morph.pipelining.links import StaticDelays
+    from titan_morph.pipelining.core.links import StaticDelays
 
     out: dict = {}
     with DelegateTransport(stage=rank, num_stages=world, links=StaticDelays((60.0,)), device="cuda:0") as tr:

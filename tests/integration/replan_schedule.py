@@ -16,8 +16,8 @@ from titan_morph.integration.plans import cost_model, initial_plan
 from titan_morph.integration.request import ScheduleRequest
 from titan_morph.integration.schedules import register_schedule
 from titan_morph.integration.transports import make_transport
-from titan_morph.pipelining.builders import build
-from titan_morph.pipelining.model import Plan
+from titan_morph.pipelining.core.model import Plan
+from titan_morph.pipelining.search.builders import build
 from titan_morph.runtime.schedule import MorphSchedule
 
 SWITCH_AT_STEP = 3  # TorchTitan steps are 1-based

@@ -191,7 +191,7 @@ def test_error_line_prefers_the_root_cause() -> None:
         [
             "[rank2]:[titan] 2026-11-21 16:46:44,269 - root - WARNING - Error running lspci: [Errno 2] No such file",
             "[rank0]:[rank0]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:62601.",
-            "[rank2]:[rank2]: titan_morph.pipelining.links.LinkDownError: pipeline link 1 (1<->2, fwd) is down",
+            "[rank2]:[rank2]: titan_morph.pipelining.core.links.LinkDownError: pipeline link 1 (1<->2, fwd) is down",
             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
         ]
     )

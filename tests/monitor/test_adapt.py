@@ -7,9 +7,9 @@ from dataclasses import replace
 from titan_morph.monitor.adapt import AdaptPolicy, Monitor
 from titan_morph.monitor.detect import DetectRule
 from titan_morph.monitor.profile import MessageStamp, StepProfile
-from titan_morph.pipelining.builders import build
-from titan_morph.pipelining.model import CostModel
-from titan_morph.pipelining.simulate import makespan
+from titan_morph.pipelining.core.model import CostModel
+from titan_morph.pipelining.search.builders import build
+from titan_morph.pipelining.timing.simulate import makespan
 
 S, N, T = 4, 12, 10.0
 

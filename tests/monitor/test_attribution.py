@@ -16,9 +16,9 @@ from titan_morph.monitor.attribution import (
 from titan_morph.monitor.delays import LinkEstimate
 from titan_morph.monitor.detect import DetectRule
 from titan_morph.monitor.profile import StepProfile
-from titan_morph.pipelining.builders import build
-from titan_morph.pipelining.model import CostModel
-from titan_morph.pipelining.simulate import makespan
+from titan_morph.pipelining.core.model import CostModel
+from titan_morph.pipelining.search.builders import build
+from titan_morph.pipelining.timing.simulate import makespan
 from titan_morph.runtime.summary import CostTally, StepHistory, StepPoint, summary_lines
 
 S, N = 4, 12

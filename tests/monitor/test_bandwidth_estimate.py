@@ -1,5 +1,5 @@
 """Latency and bandwidth from per-message timings, checked against the planner's own FIFO wire
-(``pipelining.links.LinkQueue``) under known latency and rate, and against delay-only links."""
+(``pipelining.core.links.LinkQueue``) under known latency and rate, and against delay-only links."""
 
 import math
 import random
@@ -8,7 +8,8 @@ import statistics
 import pytest
 
 from titan_morph.monitor.bandwidth import WireTiming, estimate_wire, mbps
-from titan_morph.pipelining.links import LinkModel, LinkQueue, RandomDelays
+from titan_morph.pipelining.core.links import LinkModel, LinkQueue
+from titan_morph.pipelining.core.stragglers import RandomDelays
 
 
 class SizedLink(LinkModel):

@@ -14,9 +14,9 @@ from titan_morph.monitor.delays import LinkEstimate, estimate_links
 from titan_morph.monitor.detect import Detector, DetectRule
 from titan_morph.monitor.profile import MessageStamp, StepProfile
 from titan_morph.monitor.replan import wire_capacity_ms
-from titan_morph.pipelining.builders import build
-from titan_morph.pipelining.links import LinkQueue, StaticDelays
-from titan_morph.pipelining.model import CostModel
+from titan_morph.pipelining.core.links import LinkQueue, StaticDelays
+from titan_morph.pipelining.core.model import CostModel
+from titan_morph.pipelining.search.builders import build
 
 S, N, T = 4, 12, 10.0
 SIZE = 1_000_000  # bytes per message: 8 ms at 1000 Mbit/s

@@ -10,10 +10,10 @@ from titan_morph.monitor.delays import estimate_links
 from titan_morph.monitor.detect import LinkState
 from titan_morph.monitor.profile import PROBE_PATH, MessageStamp, StepProfile
 from titan_morph.monitor.rate_probes import RateProbes
-from titan_morph.pipelining.builders import build
-from titan_morph.pipelining.links import StaticDelays
-from titan_morph.pipelining.model import CostModel
-from titan_morph.pipelining.simulate import simulate
+from titan_morph.pipelining.core.links import StaticDelays
+from titan_morph.pipelining.core.model import CostModel
+from titan_morph.pipelining.search.builders import build
+from titan_morph.pipelining.timing.simulate import simulate
 
 SIZE = 64 * 1024
 TAU = 27.0  # ms per message: 19.4 Mbit/s

@@ -13,8 +13,8 @@ import pytest
 from titan_morph.monitor.adapt import Monitor
 from titan_morph.monitor.detect import DetectRule
 from titan_morph.monitor.rebalance import Rebalancer, even_counts, pace, relative_speeds, split_by_speed
-from titan_morph.pipelining.builders import build
-from titan_morph.pipelining.model import CostModel
+from titan_morph.pipelining.core.model import CostModel
+from titan_morph.pipelining.search.builders import build
 
 RULE = DetectRule(detect_steps=3, recover_steps=3)
 

@@ -10,9 +10,9 @@ from titan_morph.monitor.compute import SpeedDetector, rank_speeds, spread_costs
 from titan_morph.monitor.detect import DetectRule
 from titan_morph.monitor.profile import StepProfile
 from titan_morph.monitor.repartition import Entries, Partitioner, PartitionState, entries_of, layers_of
-from titan_morph.pipelining.builders import build
-from titan_morph.pipelining.model import CostModel
+from titan_morph.pipelining.core.model import CostModel
 from titan_morph.pipelining.partition import LayerCost
+from titan_morph.pipelining.search.builders import build
 
 S, N, LAYERS, T = 4, 24, 16, 2.5
 RULE = DetectRule(detect_steps=3, recover_steps=3)

@@ -194,8 +194,8 @@ def test_probes_tell_the_pairs_of_a_larger_group_apart():
 def test_the_scheduler_is_told_of_a_pair_moved_onto_its_link():
     """After a move the relaunched pipeline plans for the measured delay at once (Fig. 13 step 5)."""
     from titan_morph.monitor.adapt import AdaptPolicy, Monitor
-    from titan_morph.pipelining.builders import build
-    from titan_morph.pipelining.model import CostModel
+    from titan_morph.pipelining.core.model import CostModel
+    from titan_morph.pipelining.search.builders import build
 
     model = CostModel(2, 8, (10.0, 10.0), (10.0, 10.0), (10.0, 10.0), memory=2)
     initial = build("pipemorph", model)

@@ -13,13 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from titan_morph.pipelining.builders import build
-from titan_morph.pipelining.generate import generate, run_generator
-from titan_morph.pipelining.instances import random_instance
-from titan_morph.pipelining.links import LinkQueue, RandomDelays, StaticDelays, WithTransmit
-from titan_morph.pipelining.model import CostModel, Op
-from titan_morph.pipelining.search import search_detailed
-from titan_morph.pipelining.simulate import makespan, simulate, time_codes, to_codes
+from titan_morph.pipelining.core.links import LinkQueue, StaticDelays, WithTransmit
+from titan_morph.pipelining.core.model import CostModel, Op
+from titan_morph.pipelining.core.stragglers import RandomDelays
+from titan_morph.pipelining.reference.instances import random_instance
+from titan_morph.pipelining.schedules.event_loop import run_generator
+from titan_morph.pipelining.schedules.generate import generate
+from titan_morph.pipelining.search.builders import build
+from titan_morph.pipelining.search.driver import search_detailed
+from titan_morph.pipelining.timing.simulate import makespan, simulate
+from titan_morph.pipelining.timing.timeline import time_codes, to_codes
 
 
 def _ops(text: str) -> tuple[Op, ...]:
@@ -231,7 +234,7 @@ def test_the_wire_load_bound_is_attained_by_hand() -> None:
     """S = 2, N = 2, F = I = W = 1, transmit 10: the forward wire sends at 1 and 11 (last arrival
     21), then F, I, a 10 ms gradient and I, W on stage 0: 35 = 1 + 2·10 + 14, the bound; the
     per-stage bounds alone (the wire's cost once per hop) give less."""
-    from titan_morph.pipelining.exact import lower_bound_ms
+    from titan_morph.pipelining.timing.bounds import lower_bound_ms
 
     assert brute_force(TINY[0]) == 35.0 == lower_bound_ms(TINY[0])
 
@@ -240,8 +243,9 @@ def test_the_wire_load_bound_is_attained_by_hand() -> None:
 def test_exact_no_overlap_model_equals_the_brute_force(idx: int) -> None:
     """CP-SAT with each wire a no-overlap resource in issue order finds the brute force's optimum,
     without the closed-form bounds and with them; the bounds stay below it."""
-    pytest.importorskip("ortools", reason="exact.py needs OR-Tools (dev dependency)")
-    from titan_morph.pipelining.exact import lower_bound_ms, optimal_makespan
+    pytest.importorskip("ortools", reason="reference/exact.py needs OR-Tools (dev dependency)")
+    from titan_morph.pipelining.reference.exact import optimal_makespan
+    from titan_morph.pipelining.timing.bounds import lower_bound_ms
 
     model = TINY[idx]
     best = brute_force(model)
@@ -264,7 +268,7 @@ def _cli_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, objec
 def test_cli_json_makespan_equals_an_independent_execution(capsys: pytest.CaptureFixture[str], schedule: str) -> None:
     """The CLI plans under --delays/--transmit-ms and runs under --run-delays/--run-transmit-ms; its
     makespans equal the executor above on its own orders under each model."""
-    from titan_morph.pipelining.export import load_orders_json
+    from titan_morph.pipelining.output.export import load_orders_json
 
     argv = ["--stages", "4", "--microbatches", "8", "--schedule", schedule, "--search-iterations", "30"]
     argv = argv[:-2] if schedule != "pipemorph" else argv
@@ -306,7 +310,7 @@ def test_cli_transmit_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
 def test_alg2_takes_latency_plus_transmit_and_the_generator_queues() -> None:
     """Alg. 2 under bandwidth: Eq. 1 with c + tau; the generator then times the warm-up bursts on
     the wire, which the delay-only plan for a delay tau misjudges (the issue's 890 and 1010 ms)."""
-    from titan_morph.pipelining.slackness import adapted_warmup, required_slackness, tolerates
+    from titan_morph.pipelining.schedules.slackness import adapted_warmup, required_slackness, tolerates
 
     for tau in OPTIMUM:
         model = CostModel.uniform(4, 24, 10, 10, 10, delays=(0.0, 3.0, 2.0), transmit=(0.0, 0.0, tau))
@@ -331,7 +335,7 @@ def test_the_v_placement_shares_each_wire_between_its_two_hops() -> None:
     """In the V a link carries two hops per direction; both queue on the same wire. The arithmetic
     branch, the link queues and the generator's timeline agree, and the search scores what the
     simulator times."""
-    from titan_morph.pipelining.export import messages
+    from titan_morph.pipelining.output.export import messages
 
     model = CostModel.uniform(6, 6, 10, 12, 8, delays=(0.0, 4.0), stages_per_rank=2, transmit=(15.0, 0.0))
     plan = build("pipemorph-v", model)
@@ -350,7 +354,7 @@ def test_the_v_placement_shares_each_wire_between_its_two_hops() -> None:
 
 
 def test_bandwidth_turns_a_rate_into_the_transmit_time_of_each_message_size():
-    from titan_morph.pipelining.links import Bandwidth, transmit_ms_of
+    from titan_morph.pipelining.core.links import Bandwidth, transmit_ms_of
 
     # 64 KiB at 50 Mbit/s = 524288 bits / 50000 bits per ms; the gradients of link 1 are 16 KiB
     model = Bandwidth(StaticDelays((0.0, 5.0)), (50.0, 10.0), ((65536, 65536), (65536, 16384)))
@@ -389,7 +393,7 @@ def test_random_rates_are_redrawn_with_the_delays_and_leave_the_delays_unchanged
     with pytest.raises(ValueError, match="rates"):
         RandomDelays(3, 20.0, 10.0, (100.0, 200.0), rates=(40.0, 10.0))
     # through Bandwidth: the transmit time follows the drawn rate; the quiet link keeps the configured one
-    from titan_morph.pipelining.links import Bandwidth
+    from titan_morph.pipelining.core.links import Bandwidth
 
     model = Bandwidth(rated, (100.0, 100.0, 100.0), ((12_500, 12_500),) * 3)
     assert model.transmit_ms(0, "fwd", 900.0) == pytest.approx(100.0 / rated.rate_mbit(0, "fwd", 900.0))
@@ -397,7 +401,8 @@ def test_random_rates_are_redrawn_with_the_delays_and_leave_the_delays_unchanged
 
 
 def test_trace_rate_column_sets_rates_per_event_empty_is_unlimited(tmp_path):
-    from titan_morph.pipelining.links import Bandwidth, TraceDelays
+    from titan_morph.pipelining.core.links import Bandwidth
+    from titan_morph.pipelining.core.stragglers import TraceDelays
 
     path = tmp_path / "trace.csv"
     path.write_text("step,link,delay_ms,bandwidth_mbit\n2,0,10,50\n4,0,0,\n3,1,5,20\n")

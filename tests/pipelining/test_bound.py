@@ -1,4 +1,4 @@
-"""The lower bound under time-varying links (exact.lower_bound_under): valid for every plan the
+"""The lower bound under time-varying links (timing.bounds.lower_bound_under): valid for every plan the
 builders make, under static, random and traced delays, and exact where it can be worked by hand."""
 
 from __future__ import annotations
@@ -7,12 +7,13 @@ import math
 
 import pytest
 
-from titan_morph.pipelining.builders import SCHEDULES, V_SCHEDULES, build
-from titan_morph.pipelining.exact import lower_bound_ms, lower_bound_under
-from titan_morph.pipelining.instances import instance_set
-from titan_morph.pipelining.links import RandomDelays, StaticDelays, TraceDelays, TraceEvent, WithTransmit
-from titan_morph.pipelining.model import CostModel
-from titan_morph.pipelining.simulate import simulate
+from titan_morph.pipelining.core.links import StaticDelays, WithTransmit
+from titan_morph.pipelining.core.model import CostModel
+from titan_morph.pipelining.core.stragglers import RandomDelays, TraceDelays, TraceEvent
+from titan_morph.pipelining.reference.instances import instance_set
+from titan_morph.pipelining.search.builders import SCHEDULES, V_SCHEDULES, build
+from titan_morph.pipelining.timing.bounds import lower_bound_ms, lower_bound_under
+from titan_morph.pipelining.timing.simulate import simulate
 
 
 def _uniform(stages: int, n: int, stages_per_rank: int = 1) -> CostModel:

@@ -1,4 +1,4 @@
-"""The closed-form lower bounds (exact.lower_bound_ms, exact.lower_bound_under) against true optima.
+"""The closed-form lower bounds (timing.bounds.lower_bound_ms, timing.bounds.lower_bound_under) against true optima.
 
 The optima come from a brute force written here (every valid per-rank order, timed by the
 simulator, which runs fixed orders as early as possible, so the best order gives the best
@@ -15,10 +15,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from titan_morph.pipelining.exact import lower_bound_ms, lower_bound_under
-from titan_morph.pipelining.links import LinkModel, RandomDelays, StaticDelays, TraceDelays, TraceEvent
-from titan_morph.pipelining.model import CostModel, Op, Order
-from titan_morph.pipelining.simulate import DeadlockError, makespan
+from titan_morph.pipelining.core.links import LinkModel, StaticDelays
+from titan_morph.pipelining.core.model import CostModel, Op, Order
+from titan_morph.pipelining.core.stragglers import RandomDelays, TraceDelays, TraceEvent
+from titan_morph.pipelining.timing.bounds import lower_bound_ms, lower_bound_under
+from titan_morph.pipelining.timing.simulate import DeadlockError, makespan
 
 _EPS = 1e-9
 
@@ -117,8 +118,8 @@ def test_static_bound_is_attained_where_worked_by_hand() -> None:
 def test_exact_model_without_the_bound_agrees_with_the_brute_force() -> None:
     """CP-SAT with and without the closed-form constraints finds the brute force's optimum, so
     the bound neither cuts off the optimum nor is trusted by the model that checks it."""
-    pytest.importorskip("ortools", reason="exact.py needs OR-Tools (dev dependency)")
-    from titan_morph.pipelining.exact import optimal_makespan
+    pytest.importorskip("ortools", reason="reference/exact.py needs OR-Tools (dev dependency)")
+    from titan_morph.pipelining.reference.exact import optimal_makespan
 
     for model in TINY[:7] + [_WAVES, _LAST_W]:
         best = brute_force(model)
@@ -141,8 +142,8 @@ def test_v_bound_never_exceeds_the_optimum() -> None:
         4, 1, (1.0, 2.0, 3.0, 1.0), (2.0, 1.0, 2.0, 3.0), (9.0, 1.0, 8.0, 2.0), (6.0,), stages_per_rank=2
     )
     assert lower_bound_ms(uneven) <= brute_force(uneven) + _EPS
-    pytest.importorskip("ortools", reason="exact.py needs OR-Tools (dev dependency)")
-    from titan_morph.pipelining.exact import optimal_makespan
+    pytest.importorskip("ortools", reason="reference/exact.py needs OR-Tools (dev dependency)")
+    from titan_morph.pipelining.reference.exact import optimal_makespan
 
     for model in (
         CostModel.uniform(4, 2, 5.0, 5.0, 5.0, delays=20.0, stages_per_rank=2),

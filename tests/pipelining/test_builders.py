@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from titan_morph.pipelining.builders import SCHEDULES, build, split_fused, warmup_for
-from titan_morph.pipelining.links import StaticDelays
-from titan_morph.pipelining.model import CostModel, Op, in_flight_peak, validate_orders, warmup_count
-from titan_morph.pipelining.simulate import makespan
+from titan_morph.pipelining.core.links import StaticDelays
+from titan_morph.pipelining.core.model import CostModel, Op, in_flight_peak, validate_orders, warmup_count
+from titan_morph.pipelining.search.builders import SCHEDULES, build, split_fused, warmup_for
+from titan_morph.pipelining.timing.simulate import makespan
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from titan_morph.pipelining.export import read_csv
-from titan_morph.pipelining.model import Op
+from titan_morph.pipelining.core.model import Op
+from titan_morph.pipelining.output.export import read_csv
 from titan_morph.pipelining.plan import main
 
 FIG4 = ["--stages", "4", "--microbatches", "12", "--fwd", "10", "--bwd", "10", "--wgt", "10"]
@@ -289,7 +289,7 @@ def test_search_iterations_fix_the_plan_and_report_planning_ms(capsys) -> None:
 
 
 def test_plan_random_reports_the_expected_makespan(capsys, tmp_path: Path) -> None:
-    from titan_morph.pipelining.robust import sample_delays
+    from titan_morph.pipelining.search.robust import sample_delays
 
     args = [*FIG4, "--plan-random", "30,10", "--samples", "16", "--seed", "3", "--search-iterations", "20"]
     d = _json(capsys, *args)
@@ -316,7 +316,7 @@ def test_plan_random_in_the_v_plans_with_pipemorph_v(capsys) -> None:
 
 
 def test_module_entry_points(zb_h2_csv: Path) -> None:
-    for module in ("titan_morph.pipelining.plan", "titan_morph.pipelining.cli"):
+    for module in ("titan_morph.pipelining.plan", "titan_morph.pipelining.cli.plan"):
         res = subprocess.run(
             [sys.executable, "-m", module, "--load-csv", str(zb_h2_csv), "--json"],
             capture_output=True,

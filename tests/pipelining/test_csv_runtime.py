@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from titan_morph.pipelining.builders import build
-from titan_morph.pipelining.export import read_csv, write_csv
-from titan_morph.pipelining.model import CostModel, Op, validate_orders
+from titan_morph.pipelining.core.model import CostModel, Op, validate_orders
+from titan_morph.pipelining.output.export import read_csv, write_csv
+from titan_morph.pipelining.search.builders import build
 
 ITERS, LR = 2, 0.1
 TIMEOUT_S = 120

@@ -1,4 +1,4 @@
-"""Exact CP-SAT reference (exact.py): it must agree with the simulator and bound every builder."""
+"""Exact CP-SAT reference (reference/exact.py): it must agree with the simulator and bound every builder."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import sys
 
 import pytest
 
-from titan_morph.pipelining.builders import SCHEDULES, build
-from titan_morph.pipelining.instances import instance_set
-from titan_morph.pipelining.model import CostModel, Op, in_flight_peak, validate_orders
-from titan_morph.pipelining.simulate import simulate
+from titan_morph.pipelining.core.model import CostModel, Op, in_flight_peak, validate_orders
+from titan_morph.pipelining.reference.instances import instance_set
+from titan_morph.pipelining.search.builders import SCHEDULES, build
+from titan_morph.pipelining.timing.simulate import simulate
 
-pytest.importorskip("ortools", reason="exact.py needs OR-Tools (dev dependency)")
+pytest.importorskip("ortools", reason="reference/exact.py needs OR-Tools (dev dependency)")
 
-from titan_morph.pipelining.exact import optimal_makespan  # noqa: E402
+from titan_morph.pipelining.reference.exact import optimal_makespan  # noqa: E402
 
 TINY = instance_set(4242, 6, s_range=(2, 3), n_mult=(1, 2), memory="mixed")
 
@@ -85,7 +85,7 @@ def test_missing_ortools_names_the_package(monkeypatch: pytest.MonkeyPatch) -> N
 def test_closed_form_lower_bound_is_valid_and_used() -> None:
     """The bound is checked against optima solved WITHOUT it as a constraint (with it, any bound
     would pass); solved with it, the optimum is the same (the constraint cuts off no schedule)."""
-    from titan_morph.pipelining.exact import lower_bound_ms
+    from titan_morph.pipelining.timing.bounds import lower_bound_ms
 
     for model in instance_set(5150, 6, s_range=(2, 3), n_mult=(1, 2), memory="tight"):
         free = optimal_makespan(model, time_limit_s=20, use_bound=False)
@@ -117,8 +117,8 @@ def test_out_of_time_falls_back_to_the_hint_never_claiming_optimality() -> None:
 def test_the_default_start_is_a_baseline_never_the_planner(monkeypatch: pytest.MonkeyPatch) -> None:
     """The reference the planner is judged against must not start from (nor be capped by) its plan:
     the default warm start is the shortest baseline within the memory, and the planner is never run."""
-    from titan_morph.pipelining import search
-    from titan_morph.pipelining.exact import BASELINE_HINTS, baseline_hint
+    from titan_morph.pipelining.reference.exact import BASELINE_HINTS, baseline_hint
+    from titan_morph.pipelining.search import driver as search
 
     def planner(*_args: object, **_kw: object) -> None:
         raise AssertionError("the exact solver ran the planner under evaluation")

@@ -9,14 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.torch_release import loaded_runtime
-from titan_morph.pipelining.export import (
-    csv_rows,
-    format_orders,
-    load_orders_json,
-    read_csv,
-    write_csv,
-)
-from titan_morph.pipelining.model import CostModel, Op, Plan
+from titan_morph.pipelining.core.model import CostModel, Op, Plan
+from titan_morph.pipelining.output.export import csv_rows, format_orders, load_orders_json, read_csv, write_csv
 from titan_morph.runtime.actions import to_actions
 
 
@@ -92,7 +86,7 @@ def test_torch_load_csv_accepts_our_csv(orders, tmp_path: Path) -> None:
 )
 def test_torch_load_csv_accepts_every_builder(schedule: str, kw: dict, tmp_path: Path) -> None:
     """Every named schedule (S=4, N=8) exports to a CSV torch validates and lowers to SEND/RECV."""
-    from titan_morph.pipelining.builders import build
+    from titan_morph.pipelining.search.builders import build
 
     plan = build(schedule, CostModel.uniform(4, 8, 10.0, 12.0, 8.0, **kw))
     rt = loaded_runtime(write_csv(plan, tmp_path / "s.csv"), 4, 4, 8)
@@ -147,14 +141,14 @@ def test_format_orders_grid() -> None:
 
 
 def _simulated(orders, delays=(0.0,), depth=None):
-    from titan_morph.pipelining.simulate import simulate
+    from titan_morph.pipelining.timing.simulate import simulate
 
     model = MODEL.with_delays(delays)
     return simulate(model, orders, depth=depth)
 
 
 def test_chrome_trace_events(tmp_path: Path) -> None:
-    from titan_morph.pipelining.export import chrome_trace
+    from titan_morph.pipelining.output.export import chrome_trace
 
     result = _simulated(ZB_H1, delays=(15.0,))
     doc = json.loads(chrome_trace(result, tmp_path / "t.json").read_text())
@@ -171,7 +165,7 @@ def test_chrome_trace_events(tmp_path: Path) -> None:
 
 
 def test_chrome_trace_blocked_sends(tmp_path: Path) -> None:
-    from titan_morph.pipelining.export import chrome_trace
+    from titan_morph.pipelining.output.export import chrome_trace
 
     result = _simulated(ZB_H1, delays=(40.0,), depth=1)
     doc = json.loads(chrome_trace(result, tmp_path / "t.json").read_text())
@@ -181,7 +175,7 @@ def test_chrome_trace_blocked_sends(tmp_path: Path) -> None:
 
 
 def test_timeline_png_decodes(tmp_path: Path) -> None:
-    from titan_morph.pipelining.export import timeline_png
+    from titan_morph.pipelining.output.export import timeline_png
 
     result = _simulated(ZB_H1, delays=(20.0,), depth=1)
     path = timeline_png(result, tmp_path / "t.png", title="zb-h1 S=2 N=4")
@@ -195,9 +189,9 @@ def test_timeline_png_decodes(tmp_path: Path) -> None:
 @pytest.mark.parametrize("depth", [None, 1, 2])
 def test_messages_match_the_simulator(depth) -> None:
     """Delivery times replayed from the link model agree with the simulator's ready times."""
-    from titan_morph.pipelining.builders import build
-    from titan_morph.pipelining.export import messages
-    from titan_morph.pipelining.simulate import simulate
+    from titan_morph.pipelining.output.export import messages
+    from titan_morph.pipelining.search.builders import build
+    from titan_morph.pipelining.timing.simulate import simulate
 
     model = CostModel.uniform(4, 8, 10.0, 10.0, 10.0, delays=(25.0, 0.0, 7.0))
     plan = build("zb-h2", model.with_delays((0.0, 0.0, 0.0)))
@@ -214,7 +208,7 @@ def test_messages_match_the_simulator(depth) -> None:
 
 
 def test_chrome_trace_link_tracks(tmp_path: Path) -> None:
-    from titan_morph.pipelining.export import chrome_trace
+    from titan_morph.pipelining.output.export import chrome_trace
 
     result = _simulated(ZB_H1, delays=(15.0,))
     events = json.loads(chrome_trace(result, tmp_path / "t.json").read_text())["traceEvents"]

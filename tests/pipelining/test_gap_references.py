@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.gaps import Reference, gap_cell, gap_row, reference_line, references
-from titan_morph.pipelining.instances import describe
-from titan_morph.pipelining.model import CostModel
+from titan_morph.pipelining.core.model import CostModel
+from titan_morph.pipelining.reference.instances import describe
 
 MODELS = [CostModel.uniform(3, 4, 1.0, 1.0, 1.0, delays=d) for d in (0.0, 1.0, 2.0)]
 

@@ -6,11 +6,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from titan_morph.pipelining.generate import ALL_POLICY_BITS, generate, run_generator
-from titan_morph.pipelining.instances import instance_set
-from titan_morph.pipelining.links import LinkDownError, StaticDelays, TraceDelays, TraceEvent
-from titan_morph.pipelining.model import CostModel, Op, in_flight_peak, validate_orders, warmup_count
-from titan_morph.pipelining.simulate import makespan
+from titan_morph.pipelining.core.links import LinkDownError, StaticDelays
+from titan_morph.pipelining.core.model import CostModel, Op, in_flight_peak, validate_orders, warmup_count
+from titan_morph.pipelining.core.stragglers import TraceDelays, TraceEvent
+from titan_morph.pipelining.reference.instances import instance_set
+from titan_morph.pipelining.schedules.event_loop import ALL_POLICY_BITS, run_generator
+from titan_morph.pipelining.schedules.generate import generate
+from titan_morph.pipelining.timing.simulate import makespan
 
 
 def _ops(text: str) -> tuple[Op, ...]:
@@ -57,7 +59,7 @@ def test_delta_quantisation_never_beats_exact() -> None:
     fine = makespan(model, generate(model, (7, 5, 3, 1), delta=0.5))
     assert fine == pytest.approx(exact, rel=0.05)
     pytest.importorskip("ortools", reason="the optimum needs OR-Tools (dev dependency)")
-    from titan_morph.pipelining.exact import optimal_makespan
+    from titan_morph.pipelining.reference.exact import optimal_makespan
 
     checked = 0
     for model in instance_set(31, 5, s_range=(2, 3), n_mult=(1, 2), memory=None):

@@ -6,7 +6,7 @@ import pickle
 import random
 import tracemalloc
 
-from titan_morph.pipelining.links import RandomDelays
+from titan_morph.pipelining.core.stragglers import RandomDelays
 
 
 def _model(**kw) -> RandomDelays:

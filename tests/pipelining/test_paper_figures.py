@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from titan_morph.pipelining.builders import build
-from titan_morph.pipelining.generate import generate
-from titan_morph.pipelining.model import CostModel
-from titan_morph.pipelining.simulate import makespan, simulate
-from titan_morph.pipelining.slackness import tolerance_ms, uniform_warmup
+from titan_morph.pipelining.core.model import CostModel
+from titan_morph.pipelining.schedules.generate import generate
+from titan_morph.pipelining.schedules.slackness import tolerance_ms, uniform_warmup
+from titan_morph.pipelining.search.builders import build
+from titan_morph.pipelining.timing.simulate import makespan, simulate
 
 T = 10.0
 

@@ -1,4 +1,4 @@
-"""The partition planner (``partition.py``, ``partition_bounds.py``, ``partition_cli.py``): the
+"""The partition planner (``partition/``, ``partition/bounds.py``, ``cli/partition.py``): the
 issue's figures, agreement with brute force over every contiguous split, memory, the V, the CLI.
 Run: ``.venv/bin/pytest tests/pipelining/test_partition.py``."""
 
@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from titan_morph.pipelining import builders
-from titan_morph.pipelining.exact import lower_bound_ms
-from titan_morph.pipelining.model import validate_orders
+from titan_morph.pipelining.cli.partition import main
+from titan_morph.pipelining.core.model import validate_orders
 from titan_morph.pipelining.partition import (
     LayerCost,
     PartitionProblem,
@@ -26,8 +25,9 @@ from titan_morph.pipelining.partition import (
     problem_from_dict,
     stage_ranges,
 )
-from titan_morph.pipelining.partition_cli import main
-from titan_morph.pipelining.simulate import makespan
+from titan_morph.pipelining.search import builders
+from titan_morph.pipelining.timing.bounds import lower_bound_ms
+from titan_morph.pipelining.timing.simulate import makespan
 
 EQUAL16 = tuple(LayerCost(f"layers.{i}", 2.5, 2.5, 2.5) for i in range(16))
 

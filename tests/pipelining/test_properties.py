@@ -11,12 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from titan_morph.pipelining.builders import SCHEDULES, build
-from titan_morph.pipelining.generate import generate
-from titan_morph.pipelining.links import RandomDelays, StaticDelays
-from titan_morph.pipelining.model import CostModel, Op, in_flight_peak, validate_orders, warmup_count
-from titan_morph.pipelining.simulate import SimResult, makespan, simulate
-from titan_morph.pipelining.slackness import adapted_warmup, initial_warmup
+from titan_morph.pipelining.core.links import StaticDelays
+from titan_morph.pipelining.core.model import CostModel, Op, in_flight_peak, validate_orders, warmup_count
+from titan_morph.pipelining.core.stragglers import RandomDelays
+from titan_morph.pipelining.schedules.generate import generate
+from titan_morph.pipelining.schedules.slackness import adapted_warmup, initial_warmup
+from titan_morph.pipelining.search.builders import SCHEDULES, build
+from titan_morph.pipelining.timing.simulate import SimResult, makespan, simulate
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -1,4 +1,4 @@
-"""Resumed timings (simulate.time_codes's ``resume``, search_tabu.tail_state's ``resume``) and the
+"""Resumed timings (timeline.time_codes's ``resume``, tabu.tail_state's ``resume``) and the
 search's seeds from plain codes give exactly what a full run gives: the search's plans depend only
 on its inputs and its iteration count, so a shortcut may save work but never change a number."""
 
@@ -8,13 +8,13 @@ import random
 
 import pytest
 
-from titan_morph.pipelining import search_tabu as tabu
-from titan_morph.pipelining.baselines import SCHEDULES, V_SCHEDULES, build_plain, plain_codes, split_codes
-from titan_morph.pipelining.builders import split_fused
-from titan_morph.pipelining.instances import random_instance
-from titan_morph.pipelining.model import CostModel
-from titan_morph.pipelining.search_score import Topology
-from titan_morph.pipelining.simulate import time_codes, to_codes
+from titan_morph.pipelining.core.model import CostModel
+from titan_morph.pipelining.reference.instances import random_instance
+from titan_morph.pipelining.schedules.baselines import SCHEDULES, V_SCHEDULES, build_plain, plain_codes, split_codes
+from titan_morph.pipelining.search import tabu
+from titan_morph.pipelining.search.builders import split_fused
+from titan_morph.pipelining.search.score import Topology
+from titan_morph.pipelining.timing.timeline import time_codes, to_codes
 
 
 def _models() -> list[CostModel]:

@@ -6,10 +6,10 @@ import statistics
 
 import pytest
 
-from titan_morph.pipelining.builders import build
-from titan_morph.pipelining.model import CostModel, validate_orders
-from titan_morph.pipelining.robust import expected_makespan, robust_plan, robust_search, sample_delays
-from titan_morph.pipelining.simulate import makespan
+from titan_morph.pipelining.core.model import CostModel, validate_orders
+from titan_morph.pipelining.search.builders import build
+from titan_morph.pipelining.search.robust import expected_makespan, robust_plan, robust_search, sample_delays
+from titan_morph.pipelining.timing.simulate import makespan
 
 
 def test_sample_delays_are_deterministic_clipped_and_per_link() -> None:
@@ -104,7 +104,7 @@ def test_robust_plan_bad_samples(samples: list, needle: str) -> None:
 def test_robust_plan_in_the_v_uses_pipemorph_v() -> None:
     """Two stages per rank: the fixed-vector plans come from pipemorph-v's builder (the V's own
     placement and memory), and the result beats each of them on the samples."""
-    from titan_morph.pipelining.baselines import zbv_memory
+    from titan_morph.pipelining.schedules.baselines import zbv_memory
 
     model = CostModel.uniform(6, 6, 5, 5, 5, stages_per_rank=2)
     model = model.with_memory(zbv_memory(model))

@@ -12,16 +12,10 @@ import random
 
 import pytest
 
-from titan_morph.pipelining.builders import build
-from titan_morph.pipelining.model import (
-    CostModel,
-    Op,
-    last_stage_forwards,
-    relabel_microbatches,
-    validate_orders,
-)
-from titan_morph.pipelining.search import search_detailed
-from titan_morph.pipelining.simulate import makespan
+from titan_morph.pipelining.core.model import CostModel, Op, last_stage_forwards, relabel_microbatches, validate_orders
+from titan_morph.pipelining.search.builders import build
+from titan_morph.pipelining.search.driver import search_detailed
+from titan_morph.pipelining.timing.simulate import makespan
 
 
 def _model(rng: random.Random, per_rank: int) -> CostModel:

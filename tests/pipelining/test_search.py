@@ -10,16 +10,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from titan_morph.pipelining import search as search_mod
-from titan_morph.pipelining import search_tabu as tabu
-from titan_morph.pipelining.builders import build, split_fused
-from titan_morph.pipelining.instances import instance_set, planner_set, random_instance
-from titan_morph.pipelining.links import StaticDelays
-from titan_morph.pipelining.model import CostModel, in_flight_peak, validate_orders
-from titan_morph.pipelining.search import default_iterations, search, search_detailed
-from titan_morph.pipelining.search_score import Topology
-from titan_morph.pipelining.simulate import makespan as sim_makespan
-from titan_morph.pipelining.simulate import simulate, time_codes, to_codes
+from titan_morph.pipelining.core.links import StaticDelays
+from titan_morph.pipelining.core.model import CostModel, in_flight_peak, validate_orders
+from titan_morph.pipelining.reference.instances import instance_set, planner_set, random_instance
+from titan_morph.pipelining.search import driver as search_mod
+from titan_morph.pipelining.search import tabu
+from titan_morph.pipelining.search.builders import build, split_fused
+from titan_morph.pipelining.search.driver import default_iterations, search, search_detailed
+from titan_morph.pipelining.search.score import Topology
+from titan_morph.pipelining.timing.simulate import makespan as sim_makespan
+from titan_morph.pipelining.timing.simulate import simulate
+from titan_morph.pipelining.timing.timeline import time_codes, to_codes
 
 INSTANCES = instance_set(2024, 16, s_range=(2, 6), n_mult=(1, 3), memory="mixed")
 BASELINES = ("1f1b", "1f1b-iw", "zb-h1", "zb-h2", "gpipe")
@@ -190,7 +191,7 @@ def test_bad_inputs_raise_clear_errors() -> None:
 
 def test_search_close_to_exact_on_tiny_instances() -> None:
     pytest.importorskip("ortools", reason="the exact reference needs OR-Tools")
-    from titan_morph.pipelining.exact import optimal_makespan
+    from titan_morph.pipelining.reference.exact import optimal_makespan
 
     gaps = []
     for model in instance_set(31337, 5, s_range=(3, 3), n_mult=(1, 2), memory="mixed"):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from titan_morph.pipelining.generate import generate
-from titan_morph.pipelining.links import LinkDownError, LinkModel, StaticDelays, TraceDelays, TraceEvent
-from titan_morph.pipelining.model import CostModel, Op
-from titan_morph.pipelining.simulate import DeadlockError, makespan, simulate
+from titan_morph.pipelining.core.links import LinkDownError, LinkModel, StaticDelays
+from titan_morph.pipelining.core.model import CostModel, Op
+from titan_morph.pipelining.core.stragglers import TraceDelays, TraceEvent
+from titan_morph.pipelining.schedules.generate import generate
+from titan_morph.pipelining.timing.simulate import DeadlockError, makespan, simulate
 
 
 def _ops(text: str) -> tuple[Op, ...]:
@@ -161,8 +162,8 @@ class _SameDelays(LinkModel):
 
 
 def test_static_branch_agrees_with_the_link_queue_branch() -> None:
-    from titan_morph.pipelining.instances import instance_set
-    from titan_morph.pipelining.simulate import time_codes, to_codes
+    from titan_morph.pipelining.reference.instances import instance_set
+    from titan_morph.pipelining.timing.timeline import time_codes, to_codes
 
     for model in instance_set(77, 12, s_range=(2, 6), n_mult=(1, 3), memory="mixed"):
         orders = generate(model, [1] * model.stages, limit=[model.budget(s) for s in range(model.stages)])

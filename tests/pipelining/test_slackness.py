@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from titan_morph.pipelining.model import CostModel
-from titan_morph.pipelining.slackness import (
+from titan_morph.pipelining.core.model import CostModel
+from titan_morph.pipelining.schedules.slackness import (
     adapted_warmup,
     initial_warmup,
     required_slackness,

@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from titan_morph.pipelining.builders import build
-from titan_morph.pipelining.model import CostModel
-from titan_morph.pipelining.simulate import makespan
-from titan_morph.pipelining.speeds import RandomFactors, StaticFactors, TraceFactors, WindowedFactors, is_compute_trace
+from titan_morph.pipelining.core.model import CostModel
+from titan_morph.pipelining.core.speeds import (
+    RandomFactors,
+    StaticFactors,
+    TraceFactors,
+    WindowedFactors,
+    is_compute_trace,
+)
+from titan_morph.pipelining.search.builders import build
+from titan_morph.pipelining.timing.simulate import makespan
 
 
 def test_static_window_and_speeds():
@@ -47,10 +53,10 @@ def test_the_simulator_times_stage_times_times_the_factors():
 
 
 def test_one_trace_sets_links_and_ranks(tmp_path):
-    """The module docstring's example of :mod:`titan_morph.pipelining.trace_rows`: each row sets a
+    """The module docstring's example of :mod:`titan_morph.pipelining.core.trace_rows`: each row sets a
     link or a rank; each model reads its own rows."""
-    from titan_morph.pipelining.links import TraceDelays
-    from titan_morph.pipelining.trace_rows import read_trace_rows
+    from titan_morph.pipelining.core.stragglers import TraceDelays
+    from titan_morph.pipelining.core.trace_rows import read_trace_rows
 
     path = tmp_path / "both.csv"
     path.write_text(

@@ -13,21 +13,23 @@ from pathlib import Path
 import pytest
 
 from tests.torch_release import loaded_runtime
-from titan_morph.pipelining import cli
-from titan_morph.pipelining.baselines import zbv_memory
-from titan_morph.pipelining.builders import build
-from titan_morph.pipelining.export import read_csv, write_csv
-from titan_morph.pipelining.generate import ALL_POLICY_BITS, REFILL, generate, run_generator
-from titan_morph.pipelining.model import CostModel, Op, in_flight_peak, validate_orders
-from titan_morph.pipelining.search import search_detailed
-from titan_morph.pipelining.simulate import makespan, simulate, time_codes, to_codes
-from titan_morph.pipelining.slackness import (
+from titan_morph.pipelining.cli import plan as cli
+from titan_morph.pipelining.core.model import CostModel, Op, in_flight_peak, validate_orders
+from titan_morph.pipelining.output.export import read_csv, write_csv
+from titan_morph.pipelining.schedules.baselines import zbv_memory
+from titan_morph.pipelining.schedules.event_loop import ALL_POLICY_BITS, REFILL, run_generator
+from titan_morph.pipelining.schedules.generate import generate
+from titan_morph.pipelining.schedules.slackness import (
     adapted_warmup,
     initial_warmup,
     required_slackness,
     tolerance_ms,
     uniform_warmup,
 )
+from titan_morph.pipelining.search.builders import build
+from titan_morph.pipelining.search.driver import search_detailed
+from titan_morph.pipelining.timing.simulate import makespan, simulate
+from titan_morph.pipelining.timing.timeline import time_codes, to_codes
 
 
 def v_model(ranks: int, n: int, t: float = 5.0, **kw) -> CostModel:
@@ -182,7 +184,7 @@ def test_both_legs_share_a_link_fifo() -> None:
     """One FIFO per link and direction, shared by the two hops of the V that cross it: rank 0 sends
     stage 3's gradient (delay 30 ms) and then stage 0's next activation (delay 0 by then) to rank 1;
     the activation cannot overtake the gradient."""
-    from titan_morph.pipelining.links import TraceDelays, TraceEvent
+    from titan_morph.pipelining.core.stragglers import TraceDelays, TraceEvent
 
     model = CostModel.uniform(4, 2, 1.0, 1.0, 1.0, stages_per_rank=2)
     r0 = "0F0 3F0 3I0 0F1 0I0 3W0 3F1 3I1 0I1 3W1 0W0 0W1"
@@ -197,7 +199,7 @@ def test_both_legs_share_a_link_fifo() -> None:
 
 
 def test_deadlocking_v_orders_name_the_ranks() -> None:
-    from titan_morph.pipelining.simulate import DeadlockError
+    from titan_morph.pipelining.timing.simulate import DeadlockError
 
     model = v_model(2, 1)
     r0 = tuple(Op.parse(t) for t in "3F0 0F0 3I0 0I0 3W0 0W0".split())  # waits for stage 2 before feeding it
@@ -404,7 +406,8 @@ def test_search_in_the_v_is_deterministic_monotone_and_within_memory() -> None:
 )
 def test_search_within_5_percent_of_the_v_optimum(ranks: int, n: int, delays: list[float]) -> None:
     pytest.importorskip("ortools")
-    from titan_morph.pipelining.exact import lower_bound_ms, optimal_makespan
+    from titan_morph.pipelining.reference.exact import optimal_makespan
+    from titan_morph.pipelining.timing.bounds import lower_bound_ms
 
     model = v_model(ranks, n, delays=delays)
     model = model.with_memory(zbv_memory(model))

@@ -40,10 +40,11 @@ def _worker(rank: int, world: int, steps: int, marks: tuple[int, ...]) -> dict:
 
     from titan_morph.comm import EmulatedTransport, TorchTransport, sync_clock
     from titan_morph.monitor.adapt import AdaptPolicy, Monitor
-    from titan_morph.pipelining import links as links_module
-    from titan_morph.pipelining.builders import build
-    from titan_morph.pipelining.links import RandomDelays
-    from titan_morph.pipelining.model import CostModel
+    from titan_morph.pipelining.core import links as links_module
+    from titan_morph.pipelining.core import stragglers as stragglers_module
+    from titan_morph.pipelining.core.model import CostModel
+    from titan_morph.pipelining.core.stragglers import RandomDelays
+    from titan_morph.pipelining.search.builders import build
     from titan_morph.runtime.schedule import RECORDS_KEPT, MorphSchedule
     from titan_morph.runtime.summary import StepHistory
 
@@ -67,12 +68,12 @@ def _worker(rank: int, world: int, steps: int, marks: tuple[int, ...]) -> dict:
     schedule = MorphSchedule([stage], MICROBATCHES, nn.MSELoss(), plan=plan, transport=transport, monitor=monitor)
     schedule.history = StepHistory(cap=SAMPLE_CAP)
     x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
-    own = links_module.__file__
+    own = (links_module.__file__, stragglers_module.__file__)  # the link model's files
 
     def heap() -> int:
         gc.collect()
         traces = tracemalloc.take_snapshot().traces
-        return sum(t.size for t in traces if not fnmatch.fnmatch(t.traceback[0].filename, own))
+        return sum(t.size for t in traces if not any(fnmatch.fnmatch(t.traceback[0].filename, f) for f in own))
 
     heaps = []
     tracemalloc.start()

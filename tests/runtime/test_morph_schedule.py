@@ -30,8 +30,8 @@ def _data(it: int):
 
 def _plans(mode: str, stages: int):
     """(initial plan, plan to switch to after iteration 0 or None) for a mode."""
-    from titan_morph.pipelining.builders import build
-    from titan_morph.pipelining.model import CostModel
+    from titan_morph.pipelining.core.model import CostModel
+    from titan_morph.pipelining.search.builders import build
 
     model = CostModel.uniform(stages, MICROBATCHES, 10.0, 10.0, 10.0)
     delayed = model.with_delays([0.0] * (stages - 2) + [40.0])
@@ -65,7 +65,7 @@ def _worker(rank: int, world: int, mode: str) -> dict:
         schedule = MorphSchedule([stage], MICROBATCHES, loss_fn, plan=first, device_clock=clock)
     record: dict = {"losses": [], "grads": [], "plan_ids": [], "ops": []}
     if mode == "mismatch":
-        from titan_morph.pipelining.builders import build
+        from titan_morph.pipelining.search.builders import build
 
         other = build("zb-h2", first.model) if rank == 0 else first
         try:

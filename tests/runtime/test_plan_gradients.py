@@ -170,7 +170,7 @@ def _worker(rank: int, world: int, cases: list[dict[str, Any]]) -> list[Any]:
 
 
 def _random_model(rng: random.Random, microbatches: int, per_rank: int = 1) -> Any:
-    from titan_morph.pipelining.model import CostModel
+    from titan_morph.pipelining.core.model import CostModel
 
     stages = WORLD * per_rank
     links = WORLD - 1
@@ -189,7 +189,7 @@ def _random_model(rng: random.Random, microbatches: int, per_rank: int = 1) -> A
 
 def random_plans(seed: int, count: int, microbatches: int, *, per_rank: int = 1, iterations: int = 300) -> list[Any]:
     """``count`` plans of the families the planner builds, for random models (seeded)."""
-    from titan_morph.pipelining.builders import build
+    from titan_morph.pipelining.search.builders import build
 
     rng = random.Random(seed)
     names = ["pipemorph", "zb-h1", "zb-h2", "1f1b", "1f1b-iw"] if per_rank == 1 else ["pipemorph-v", "zb-v"]
@@ -215,7 +215,7 @@ def random_plans(seed: int, count: int, microbatches: int, *, per_rank: int = 1,
 def partition_plans(seed: int, splits: list[tuple[int, ...]], microbatches: int) -> list[tuple[tuple[int, ...], Any]]:
     """Per split, the plan the re-partition's planner makes for random layer costs (with layers
     moved between stages: the splits differ)."""
-    from titan_morph.pipelining.partition_core import LayerCost, PartitionProblem, evaluate_split
+    from titan_morph.pipelining.partition.planner import LayerCost, PartitionProblem, evaluate_split
 
     rng = random.Random(seed)
     out = []
@@ -232,7 +232,7 @@ def partition_plans(seed: int, splits: list[tuple[int, ...]], microbatches: int)
 
 def regression_plans() -> list[Any]:
     """The search's plans for the seeds that once reordered the last stage's forwards."""
-    from titan_morph.pipelining.builders import build
+    from titan_morph.pipelining.search.builders import build
 
     plans = []
     for seed, n in REGRESSION:
@@ -270,7 +270,7 @@ def bad_plans(plan: Any) -> list[Any]:
     """``plan`` with an op removed, with an op repeated, and with its last stage's first two microbatches swapped."""
     import dataclasses
 
-    from titan_morph.pipelining.model import Op
+    from titan_morph.pipelining.core.model import Op
 
     last = len(plan.orders) - 1
     orders = [list(o) for o in plan.orders]

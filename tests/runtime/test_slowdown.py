@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from titan_morph.pipelining.speeds import StaticFactors, WindowedFactors
+from titan_morph.pipelining.core.speeds import StaticFactors, WindowedFactors
 from titan_morph.runtime import slowdown, testbed
 from titan_morph.runtime.slowdown import ComputeSlowdown, slow_stage_compute
 from titan_morph.runtime.testbed import StageTimes, pad_stage_compute

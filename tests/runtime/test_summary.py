@@ -6,8 +6,9 @@ import tracemalloc
 
 import pytest
 
-from titan_morph.pipelining.links import RandomDelays, StaticDelays
-from titan_morph.pipelining.model import CostModel
+from titan_morph.pipelining.core.links import StaticDelays
+from titan_morph.pipelining.core.model import CostModel
+from titan_morph.pipelining.core.stragglers import RandomDelays
 from titan_morph.runtime.summary import SIMULATED, StepHistory, StepPoint, StepSample, summary_lines, zbh2_ms
 
 MODEL = CostModel.uniform(4, 24, 10.0, 10.0, 10.0)

@@ -7,8 +7,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from titan_morph.pipelining.builders import build
-from titan_morph.pipelining.model import CostModel
+from titan_morph.pipelining.core.model import CostModel
+from titan_morph.pipelining.search.builders import build
 from titan_morph.runtime.metrics import TimelineRenderer
 
 

@@ -26,8 +26,8 @@ from tests.torch_release import warmup_messages
 
 def _plans(mode: str, ranks: int):
     """(initial plan, plan to switch to after iteration 0 or None) for a mode."""
-    from titan_morph.pipelining.builders import build
-    from titan_morph.pipelining.model import CostModel
+    from titan_morph.pipelining.core.model import CostModel
+    from titan_morph.pipelining.search.builders import build
 
     model = CostModel.uniform(2 * ranks, MICROBATCHES, 10.0, 10.0, 10.0, stages_per_rank=2)
     delayed = model.with_delays([0.0] * (ranks - 2) + [40.0])
@@ -71,7 +71,7 @@ def _run_mode(rank: int, world: int, mode: str) -> dict:
             from titan_morph.comm.clock import sync_clock
             from titan_morph.comm.emulator.transport import EmulatedTransport
             from titan_morph.comm.transport import TorchTransport
-            from titan_morph.pipelining.links import StaticDelays
+            from titan_morph.pipelining.core.links import StaticDelays
 
             epoch = sync_clock(stages[0].group or torch.distributed.group.WORLD).epoch
             links = StaticDelays(tuple(first.model.delays))

@@ -65,7 +65,7 @@ __all__ = sorted([*_EXPORTS, "LinkDownError"])
 
 def __getattr__(name: str) -> Any:
     if name == "LinkDownError":  # defined with the link model, raised by the transports
-        return importlib.import_module("titan_morph.pipelining.links").LinkDownError
+        return importlib.import_module("titan_morph.pipelining.core.links").LinkDownError
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'titan_morph.comm' has no attribute {name!r}")

@@ -9,7 +9,7 @@ every member the runtime and the monitor use, and every transport implements all
 
 Topology used to name traffic (one stage per rank): pipeline-group rank ``r`` runs stage ``r``;
 link ``i`` joins stages ``i`` and ``i+1``; direction ``"fwd"`` carries activations ``i → i+1`` and
-``"bwd"`` gradients ``i+1 → i`` (the same convention as ``titan_morph.pipelining.links``).
+``"bwd"`` gradients ``i+1 → i`` (the same convention as ``titan_morph.pipelining.core.links``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from torch.distributed.pipelining import schedules as _schedules
 
 from titan_morph.comm.records import CommTimeoutError, MessageRecord
 from titan_morph.comm.waits import DeviceOp, on_nccl, stream_wait
-from titan_morph.pipelining.links import LinkModel
+from titan_morph.pipelining.core.links import LinkModel
 
 # torch's own implementation, captured before anyone (use_transport) swaps the module attribute.
 _torch_batch_p2p = _schedules._batch_p2p

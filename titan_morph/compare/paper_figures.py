@@ -81,11 +81,11 @@ class SimFigures:
 
 def fig5_8() -> SimFigures:
     """Compute both figures (pure Python, well under a second)."""
-    from titan_morph.pipelining.builders import build
-    from titan_morph.pipelining.generate import generate
-    from titan_morph.pipelining.model import CostModel
-    from titan_morph.pipelining.simulate import simulate
-    from titan_morph.pipelining.slackness import uniform_warmup
+    from titan_morph.pipelining.core.model import CostModel
+    from titan_morph.pipelining.schedules.generate import generate
+    from titan_morph.pipelining.schedules.slackness import uniform_warmup
+    from titan_morph.pipelining.search.builders import build
+    from titan_morph.pipelining.timing.simulate import simulate
 
     out = SimFigures()
     base = CostModel.uniform(4, 12, T, T, T)

@@ -2,7 +2,7 @@
 
 Only where compute times are known (``[morph] stage_times_ms`` or the ``[morph.synthetic]``
 testbed): the plan the variant runs — built exactly as the runtime builds it — executed by
-``pipelining.simulate`` under the same ``[morph.inject]`` link model, with the transport's queue
+``pipelining.timing.simulate`` under the same ``[morph.inject]`` link model, with the transport's queue
 (default/auto: ``link_queue_depth`` messages in flight, §3.2; delegate: non-blocking, §5).
 PipeMorph with ``adapt`` is predicted with the plan adaptation converges to: Alg. 2 for the
 injected static delays, under the monitor's policy (slow links delegated with ``auto``: no memory
@@ -21,8 +21,8 @@ import statistics
 
 from titan_morph.compare.variants import Variant
 from titan_morph.config import MorphSettings, Settings
-from titan_morph.pipelining.links import LinkModel
-from titan_morph.pipelining.model import Plan
+from titan_morph.pipelining.core.links import LinkModel
+from titan_morph.pipelining.core.model import Plan
 
 __all__ = ["simulated_ms"]
 
@@ -47,7 +47,7 @@ def _plan(
     from titan_morph.config.links import plan_transmit
     from titan_morph.integration.plans import FAMILIES, adapt_policy, cost_model, initial_plan
     from titan_morph.monitor.replan import adapted_plan, search_iterations
-    from titan_morph.pipelining.builders import build
+    from titan_morph.pipelining.search.builders import build
 
     if variant.torch_builtin:
         return build(_TORCH_FAMILIES[variant.schedule], cost_model(morph, stages, n, memory=False)), morph.depth
@@ -68,8 +68,8 @@ def simulated_ms(
     """(median simulated step makespan over steps > ``skip``, note); (None, why) when unavailable.
     ``message_bytes``: one inter-stage message's size where the configuration does not fix it."""
     from titan_morph.config.links import bandwidth_keys, configured_message_bytes, link_model
-    from titan_morph.pipelining.links import LinkDownError, StaticDelays
-    from titan_morph.pipelining.simulate import simulate
+    from titan_morph.pipelining.core.links import LinkDownError, StaticDelays
+    from titan_morph.pipelining.timing.simulate import simulate
 
     morph = settings.morph
     stages = settings.stages

@@ -196,7 +196,7 @@ def _fig18_single(trace: str, _links: int) -> tuple[Case, ...]:
 
 def _table3(num_links: int) -> tuple[Case, ...]:
     overrides = ("--morph.inject.mode", "trace", "--morph.inject.trace_file", "table3", *_window())
-    down = min(num_links - 1, 2 * num_links // 7)  # links.table3_trace's mapping of the paper's 8 stages
+    down = min(num_links - 1, 2 * num_links // 7)  # stragglers.table3_trace's mapping of the paper's 8 stages
     label = (
         f"Table 3 trace rescaled onto the run's steps; the paper's link 2<->3, here {_link(down)},"
         " goes down at 94 % of the run"

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from titan_morph.pipelining.values import parse_list
+from titan_morph.pipelining.core.values import parse_list
 
 __all__ = [
     "ConfigError",

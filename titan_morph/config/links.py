@@ -18,16 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from titan_morph.config.fields import fail, limit_reason
-from titan_morph.pipelining.links import (
-    DIRECTIONS,
-    Bandwidth,
-    LinkModel,
-    RandomDelays,
-    StaticDelays,
-    TraceDelays,
-    table3_trace,
-)
-from titan_morph.pipelining.speeds import (
+from titan_morph.pipelining.core.links import DIRECTIONS, Bandwidth, LinkModel, StaticDelays
+from titan_morph.pipelining.core.speeds import (
     ComputeModel,
     RandomFactors,
     StaticFactors,
@@ -35,7 +27,8 @@ from titan_morph.pipelining.speeds import (
     WindowedFactors,
     is_compute_trace,
 )
-from titan_morph.pipelining.trace_rows import read_trace_rows
+from titan_morph.pipelining.core.stragglers import RandomDelays, TraceDelays, table3_trace
+from titan_morph.pipelining.core.trace_rows import read_trace_rows
 
 if TYPE_CHECKING:
     from titan_morph.comm.emulator.collectives import PairDelays
@@ -254,7 +247,7 @@ def _trace_sets_ranks(inject: InjectSettings) -> bool:
 
 
 def compute_model(inject: InjectSettings, ranks: int) -> ComputeModel | None:
-    """The injected compute factors of ``ranks`` pipeline ranks (:mod:`titan_morph.pipelining.speeds`),
+    """The injected compute factors of ``ranks`` pipeline ranks (:mod:`titan_morph.pipelining.core.speeds`),
     within ``start_step``..``end_step``; None when nothing slows compute. A ``compute_factor`` list of
     one value per rank of the world (DP x PP) gives a model of that many ranks, indexed by host."""
     inner: ComputeModel

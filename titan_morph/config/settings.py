@@ -15,7 +15,7 @@ from typing import ClassVar
 from titan_morph.comm.timeouts import CommTimeouts
 from titan_morph.config.fields import ConfigError
 from titan_morph.monitor.detect import DetectRule
-from titan_morph.pipelining.robust import sample_delays
+from titan_morph.pipelining.search.robust import sample_delays
 
 __all__ = ["InjectSettings", "JobView", "MorphSettings", "Settings", "SyntheticSettings"]
 

@@ -12,10 +12,10 @@ from titan_morph.config import MorphSettings
 from titan_morph.monitor.adapt import AdaptPolicy, Monitor
 from titan_morph.monitor.replan import adapted_plan, search_iterations
 from titan_morph.monitor.topology import PipelineCost
-from titan_morph.pipelining.baselines import zbv_memory
-from titan_morph.pipelining.builders import V_SCHEDULES, build
-from titan_morph.pipelining.model import CostModel, Plan
-from titan_morph.pipelining.simulate import simulate
+from titan_morph.pipelining.core.model import CostModel, Plan
+from titan_morph.pipelining.schedules.baselines import zbv_memory
+from titan_morph.pipelining.search.builders import V_SCHEDULES, build
+from titan_morph.pipelining.timing.simulate import simulate
 
 __all__ = [
     "FAMILIES",

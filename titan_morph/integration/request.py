@@ -13,7 +13,7 @@ from torch.distributed.pipelining import PipelineStage
 from titan_morph.config import Settings
 from titan_morph.config.links import configured_message_bytes, link_model
 from titan_morph.integration.hybrid import pipeline_hosts
-from titan_morph.pipelining.links import LinkModel
+from titan_morph.pipelining.core.links import LinkModel
 
 __all__ = ["ScheduleRequest", "group_of", "message_bytes"]
 

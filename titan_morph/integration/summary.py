@@ -7,7 +7,7 @@ from titan_morph.comm.emulator import collectives
 from titan_morph.config import Settings
 from titan_morph.config.links import link_model
 from titan_morph.integration.plans import cost_model
-from titan_morph.pipelining.links import LinkModel
+from titan_morph.pipelining.core.links import LinkModel
 from titan_morph.runtime.schedule import MorphSchedule
 from titan_morph.runtime.summary import summary_lines
 

@@ -18,7 +18,7 @@ from titan_morph.comm.transport import TorchTransport, Transport
 from titan_morph.config.links import break_window
 from titan_morph.integration.cpu import shared_gpu
 from titan_morph.integration.request import ScheduleRequest, group_of
-from titan_morph.pipelining.links import LinkModel
+from titan_morph.pipelining.core.links import LinkModel
 
 __all__ = ["close_transports", "make_transport"]
 

@@ -35,11 +35,11 @@ from titan_morph.monitor.profile import PROBE_PATH, StepProfile
 from titan_morph.monitor.rate_probes import RateProbes
 from titan_morph.monitor.repartition import Partitioner
 from titan_morph.monitor.replan import MeasuredTimes, adapted_plan, search_iterations, wire_capacity_ms
-from titan_morph.pipelining.links import StaticDelays
-from titan_morph.pipelining.model import CostModel, Plan
+from titan_morph.pipelining.core.links import StaticDelays
+from titan_morph.pipelining.core.model import CostModel, Plan
 from titan_morph.pipelining.partition import evaluate_split
-from titan_morph.pipelining.simulate import makespan, simulate
-from titan_morph.pipelining.slackness import tolerance_ms
+from titan_morph.pipelining.schedules.slackness import tolerance_ms
+from titan_morph.pipelining.timing.simulate import makespan, simulate
 
 __all__ = ["MIN_GAIN", "AdaptPolicy", "Change", "Monitor"]
 

@@ -4,10 +4,10 @@ its baseline. The difference is that straggler's cost in ms.
 
 **Measured.** Per rank, its speed as :mod:`.compute` measures it (its op time at speed 1 / its
 measured op time), applied to its stages' times at speed 1 through the compute model
-(:meth:`~titan_morph.pipelining.speeds.ComputeModel.scale`, factor = 1 / speed); per link, the
+(:meth:`~titan_morph.pipelining.core.speeds.ComputeModel.scale`, factor = 1 / speed); per link, the
 latency and the transmit time per message the monitor measured (:mod:`.delays`, :mod:`.bandwidth`).
 The plan's orders are timed by the planner's one timing routine
-(:func:`~titan_morph.pipelining.simulate.makespan`: fixed orders under other delays, paper §3 and
+(:func:`~titan_morph.pipelining.timing.simulate.makespan`: fixed orders under other delays, paper §3 and
 Fig. 5) with the transport's queue depth (§3.2's head-of-line blocking).
 
 **Baseline.** A rank at speed 1; a link with latency 0 and the transmit time it showed over the
@@ -47,11 +47,11 @@ from titan_morph.monitor.delays import LinkEstimate
 from titan_morph.monitor.detect import DetectRule
 from titan_morph.monitor.profile import StepProfile
 from titan_morph.monitor.repartition import Partitioner
-from titan_morph.pipelining.links import LinkDownError
-from titan_morph.pipelining.model import CostModel, Order
+from titan_morph.pipelining.core.links import LinkDownError
+from titan_morph.pipelining.core.model import CostModel, Order
+from titan_morph.pipelining.core.speeds import StaticFactors
 from titan_morph.pipelining.partition import LayerCost, stage_ranges
-from titan_morph.pipelining.simulate import makespan
-from titan_morph.pipelining.speeds import StaticFactors
+from titan_morph.pipelining.timing.simulate import makespan
 
 __all__ = [
     "ALL_LINKS",

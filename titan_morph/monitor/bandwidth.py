@@ -1,6 +1,6 @@
 """Latency and bandwidth of one link direction, from one step's per-message timings and sizes.
 
-The link model (:mod:`titan_morph.pipelining.links`) sends one message at a time per direction, in
+The link model (:mod:`titan_morph.pipelining.core.links`) sends one message at a time per direction, in
 order: a message accepted at ``s_k`` starts transmitting at ``max(s_k, end of the previous one)``,
 takes ``tau_k`` (its size / the rate) and arrives ``c`` (the latency) later. In arrival times::
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from titan_morph.monitor.compute import SpeedDetector, Weights, rank_speeds, spread_costs, stage_kind_ms
 from titan_morph.monitor.detect import DetectRule
 from titan_morph.monitor.profile import StepProfile
-from titan_morph.pipelining.model import Plan
+from titan_morph.pipelining.core.model import Plan
 from titan_morph.pipelining.partition import LayerCost, PartitionProblem, SplitPlan, evaluate_split, partition
 
 __all__ = ["Entries", "PartitionState", "Partitioner", "Repartition", "layers_of", "entries_of"]

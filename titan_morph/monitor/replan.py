@@ -1,5 +1,5 @@
 """New plans for detector decisions: Alg. 2 (+ the search) from measured times, latencies and
-transmit times (the planner's bandwidth model, :mod:`titan_morph.pipelining.links`).
+transmit times (the planner's bandwidth model, :mod:`titan_morph.pipelining.core.links`).
 
 Stage times come from the profiles (median over a window of steps, so one noisy step does not
 move the plan), rounded to 0.1 ms so that every rank builds exactly the same cost model from the
@@ -15,9 +15,9 @@ from collections import deque
 from collections.abc import Sequence
 
 from titan_morph.monitor.profile import StepProfile
-from titan_morph.pipelining.builders import build
-from titan_morph.pipelining.model import CostModel, Plan
-from titan_morph.pipelining.search import iterations_for_ms
+from titan_morph.pipelining.core.model import CostModel, Plan
+from titan_morph.pipelining.search.builders import build
+from titan_morph.pipelining.search.driver import iterations_for_ms
 
 __all__ = ["MeasuredTimes", "adapted_plan", "search_iterations", "wire_capacity_ms"]
 

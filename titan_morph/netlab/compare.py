@@ -149,7 +149,7 @@ def _plan_as_run(settings: Settings, variant: Variant, skip: int) -> tuple[float
     where ``compare.predict`` would plan for the model's rates."""
     from titan_morph.config.links import configured_message_bytes, link_model
     from titan_morph.integration.plans import FAMILIES, initial_plan
-    from titan_morph.pipelining.simulate import simulate
+    from titan_morph.pipelining.timing.simulate import simulate
 
     morph, stages = settings.morph, settings.stages
     if variant.schedule not in FAMILIES or morph.stage_times(stages) is None:

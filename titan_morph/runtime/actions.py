@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from torch.distributed.pipelining.schedules import _Action, _ComputationType
 
-from titan_morph.pipelining.model import Op, Plan
+from titan_morph.pipelining.core.model import Op, Plan
 
 __all__ = ["to_actions"]
 

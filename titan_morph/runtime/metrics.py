@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from titan_morph.monitor.profile import StepProfile
-from titan_morph.pipelining.exact import lower_bound_under
-from titan_morph.pipelining.links import LinkDownError, LinkModel, StaticDelays
-from titan_morph.pipelining.model import Plan
-from titan_morph.pipelining.simulate import simulate
+from titan_morph.pipelining.core.links import LinkDownError, LinkModel, StaticDelays
+from titan_morph.pipelining.core.model import Plan
+from titan_morph.pipelining.timing.bounds import lower_bound_under
+from titan_morph.pipelining.timing.simulate import simulate
 from titan_morph.runtime.records import StepRecord
 
 __all__ = [
@@ -149,7 +149,7 @@ def predicted_ms(plan: Plan, links: LinkModel | None, depth: int | None, step: i
 
 def bound_ms(plan: Plan, links: LinkModel | None, step: int, t0_ms: float) -> float | None:
     """A lower bound on any schedule's makespan for the same step, links and compute times as
-    :func:`predicted_ms` (:func:`~titan_morph.pipelining.exact.lower_bound_under`): how far the
+    :func:`predicted_ms` (:func:`~titan_morph.pipelining.timing.bounds.lower_bound_under`): how far the
     running plan is from the best possible one. None when a link is down."""
     model = plan.model
     if links is None:  # no injected delays
@@ -163,7 +163,7 @@ class TimelineRenderer:
 
     Drawing takes ~1 s of matplotlib, far too long to spend between two steps on the logging rank
     (it would stall the whole pipeline), and what matplotlib allocates natively stays with the
-    process that draws (:mod:`titan_morph.pipelining.render`): a child process draws it, one at a
+    process that draws (:mod:`titan_morph.pipelining.output.render`): a child process draws it, one at a
     time, and the first call after it is done returns the image (logged at that step).
     """
 
@@ -206,7 +206,8 @@ def _start_render(plan: Plan, title: str) -> tuple[subprocess.Popen[bytes], temp
     folder = tempfile.TemporaryDirectory(prefix="titan_morph_tl")
     source = Path(folder.name, "plan.pkl")
     source.write_bytes(pickle.dumps((plan, title, 80)))
-    command = [sys.executable, "-m", "titan_morph.pipelining.render", str(source), str(source.with_suffix(".img"))]
+    render = "titan_morph.pipelining.output.render"
+    command = [sys.executable, "-m", render, str(source), str(source.with_suffix(".img"))]
     with open(Path(folder.name, "stderr"), "wb") as err:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
     return proc, folder

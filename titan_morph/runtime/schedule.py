@@ -2,7 +2,7 @@
 
 ``MorphSchedule`` is a ``_PipelineScheduleRuntime`` (the ``PipelineScheduleMulti`` family) with
 one stage per rank, or two in a V (rank r runs stages r and 2R-1-r, as torch's ZB-V and DualPipeV
-place them). It takes a :class:`~titan_morph.pipelining.model.Plan` (per-rank F/I/W orders from the
+place them). It takes a :class:`~titan_morph.pipelining.core.model.Plan` (per-rank F/I/W orders from the
 generator, Alg. 3/4), lowers it with torch's own passes (``_prepare_schedule_with_comms``, which
 also validates it and derives the stage-to-rank mapping), and routes every pipeline send/recv of a
 step through a transport (:mod:`titan_morph.comm`), which names traffic by the physical link
@@ -37,8 +37,8 @@ from titan_morph.comm.transport import Handle, RateProbeable, TorchTransport, Tr
 from titan_morph.monitor.adapt import Change, Monitor
 from titan_morph.monitor.attribution import Attribution, Measured, StragglerCosts
 from titan_morph.monitor.profile import PROBE_PATH, MessageStamp, StepProfile
-from titan_morph.pipelining.model import Plan, validate_orders
-from titan_morph.pipelining.simulate import simulate
+from titan_morph.pipelining.core.model import Plan, validate_orders
+from titan_morph.pipelining.timing.simulate import simulate
 from titan_morph.runtime.actions import to_actions
 from titan_morph.runtime.exchange import PlanMismatchError, StepExchange, probe_stamps, step_profile
 from titan_morph.runtime.metrics import (

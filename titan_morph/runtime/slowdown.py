@@ -1,6 +1,6 @@
 """Emulated compute stragglers in a running job: every op of this rank takes its time x the factor
 ``[morph.inject] compute_factor`` gives the rank in the current step (the compute model of
-:mod:`titan_morph.pipelining.speeds`, which the simulator reads too).
+:mod:`titan_morph.pipelining.core.speeds`, which the simulator reads too).
 
 * The synthetic testbed pads each op to its configured time x the factor
   (:func:`titan_morph.runtime.testbed.pad_stage_compute` reads :data:`ACTIVE`).
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from titan_morph.pipelining.speeds import ComputeModel
+from titan_morph.pipelining.core.speeds import ComputeModel
 from titan_morph.runtime.stage_hooks import wrap_ops
 
 __all__ = ["ACTIVE", "ComputeSlowdown", "slow_stage_compute"]

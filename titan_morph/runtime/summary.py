@@ -29,11 +29,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from titan_morph.monitor.attribution import cause_label
-from titan_morph.pipelining.builders import build
-from titan_morph.pipelining.exact import lower_bound_under
-from titan_morph.pipelining.links import LinkDownError, LinkModel
-from titan_morph.pipelining.model import CostModel
-from titan_morph.pipelining.simulate import simulate
+from titan_morph.pipelining.core.links import LinkDownError, LinkModel
+from titan_morph.pipelining.core.model import CostModel
+from titan_morph.pipelining.search.builders import build
+from titan_morph.pipelining.timing.bounds import lower_bound_under
+from titan_morph.pipelining.timing.simulate import simulate
 
 __all__ = [
     "SAMPLE_CAP",
@@ -286,7 +286,7 @@ def zbh2_ms(
 
 def _bound_ms(model: CostModel, links: LinkModel, steps: Sequence[tuple[int, float]]) -> float | None:
     """Median over ``steps`` of the lower bound on any schedule under ``links``
-    (:func:`~titan_morph.pipelining.exact.lower_bound_under`; None when a link is down)."""
+    (:func:`~titan_morph.pipelining.timing.bounds.lower_bound_under`; None when a link is down)."""
     values = [lower_bound_under(model, links, step=step, t0=start) for step, start in steps]
     return statistics.median(values) if values and all(math.isfinite(v) for v in values) else None
 

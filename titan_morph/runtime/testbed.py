@@ -37,7 +37,7 @@ them all, one op at a time.
 
 Compute stragglers. Each op's target is its configured time x this rank's compute factor in the
 current step (``[morph.inject] compute_factor``, :data:`titan_morph.runtime.slowdown.ACTIVE`), the
-factor the simulator applies to the same stage (:mod:`titan_morph.pipelining.speeds`).
+factor the simulator applies to the same stage (:mod:`titan_morph.pipelining.core.speeds`).
 
 Message size. :func:`pad_stage_messages` makes every inter-stage message a fixed number of bytes
 (``[morph.synthetic] message_kb``), whatever the model's width: the activations travel with a zero

@@ -72,7 +72,7 @@ from titan_morph.comm.delegate.slots import DeferredReleases, RecvHandle, SendHa
 from titan_morph.comm.records import CommTimeoutError, MessageBook
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 from titan_morph.comm.transport import Handle, TorchTransport, Transport, group_by_link
-from titan_morph.pipelining.links import LinkModel, LinkQueue
+from titan_morph.pipelining.core.links import LinkModel, LinkQueue
 
 __all__ = ["DeferredReleases", "DelegateError", "DelegateTransport", "exit_status"]
 

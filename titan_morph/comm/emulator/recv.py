@@ -21,7 +21,7 @@ from titan_morph.comm.emulator.notices import NoticeBoard
 from titan_morph.comm.machine.devices import bind_device
 from titan_morph.comm.records import CommTimeoutError, MessageRecord
 from titan_morph.comm.transport import Handle
-from titan_morph.pipelining.links import LinkDownError, LinkModel
+from titan_morph.pipelining.core.links import LinkDownError, LinkModel
 
 __all__ = ["Receiver", "RecvHandle", "RecvWatcher"]
 

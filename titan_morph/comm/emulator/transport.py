@@ -1,6 +1,6 @@
 """Link emulator: delay real pipeline messages exactly as the shared link model says (paper §7 set-up).
 
-Semantics come from ``titan_morph.pipelining.links`` (one definition for simulator and emulator):
+Semantics come from ``titan_morph.pipelining.core.links`` (one definition for simulator and emulator):
 a message accepted on a link at ``t`` with delay ``c`` is delivered at ``t + c``; links are FIFO
 per (link, direction); with ``depth=d`` (the default transport / NCCL model) a send issued while
 ``d`` messages are in flight blocks the caller until the oldest is delivered (head-of-line
@@ -77,7 +77,7 @@ from titan_morph.comm.pairs import one_stream_per_pair
 from titan_morph.comm.records import CommTimeoutError, MessageBook, MessageRecord, UndeliveredError
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 from titan_morph.comm.transport import DefaultPathOnly, Handle, TorchTransport, Transport, group_by_link
-from titan_morph.pipelining.links import LinkDownError, LinkModel, LinkQueue
+from titan_morph.pipelining.core.links import LinkDownError, LinkModel, LinkQueue
 
 __all__ = ["EmulatedTransport"]
 

@@ -21,7 +21,7 @@ from titan_morph.comm.delegate.transport import DelegateError, DelegateTransport
 from titan_morph.comm.pairs import LinkFailedError, LinkGroups
 from titan_morph.comm.timeouts import CommTimeouts
 from titan_morph.comm.transport import Transport
-from titan_morph.pipelining.links import LinkDownError
+from titan_morph.pipelining.core.links import LinkDownError
 
 logger = logging.getLogger(__name__)
 

@@ -58,7 +58,7 @@ from titan_morph.comm.pairs import LinkGroups
 from titan_morph.comm.records import MessageRecord, close_at_exit
 from titan_morph.comm.timeouts import DEFAULT_TIMEOUTS, CommTimeouts
 from titan_morph.comm.transport import P2P, Handle, RateProbeable, Transport, group_by_link
-from titan_morph.pipelining.links import LinkModel
+from titan_morph.pipelining.core.links import LinkModel
 
 __all__ = ["PATH_ERRORS", "FailoverTransport"]
 
