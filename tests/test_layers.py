@@ -7,7 +7,7 @@ the entry points ``titan_morph.train``, ``titan_morph.launch`` and ``titan_morph
 compare -> netlab. A module may import its own layer and the ones below; every import counts, also
 those inside functions.
 
-The planner (``pipelining/``) is itself in rooms, lowest first: core (model, links, stragglers,
+The planner (``pipelining/``) is itself in rooms, lowest first: core (model, op codes, links, stragglers,
 speeds, layout, values, trace rows) -> schedules (slackness, the generator, baselines) and timing
 (the timing routine, simulate, deadlock, closed-form bounds), which import neither each other ->
 search (driver, knobs, tabu, score, robust, builders) -> partition, reference (CP-SAT, instances)

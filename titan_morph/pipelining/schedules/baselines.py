@@ -41,14 +41,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from titan_morph.pipelining.core.codes import Code
 from titan_morph.pipelining.core.links import LinkModel
 from titan_morph.pipelining.core.model import CostModel, Op, Order, Plan, in_flight_peak, warmup_counts
 from titan_morph.pipelining.schedules.event_loop import PAIR_W, REFILL
 from titan_morph.pipelining.schedules.generate import check_warmup, generate_codes, orders_of
 from titan_morph.pipelining.schedules.slackness import adapted_warmup, initial_warmup
-
-Code = tuple[int, int]
-"""An op as ``(kind + 4 * chunk, microbatch)``: :func:`event_loop.run_generator`'s orders."""
 
 __all__ = [
     "SCHEDULES",

@@ -63,14 +63,14 @@ import heapq
 import math
 from collections.abc import Sequence
 
+from titan_morph.pipelining.core.codes import CHUNK, OP_F, OP_I, OP_W
 from titan_morph.pipelining.core.layout import arrival, layout, queued_sends, static_sends
 from titan_morph.pipelining.core.links import LinkModel
 from titan_morph.pipelining.core.model import CostModel
 
-__all__ = ["CHUNK", "run_generator", "WAIT_W", "WAIT_F", "WAIT_W_FOR_F", "REFILL", "PAIR_W", "ALL_POLICY_BITS"]
+__all__ = ["run_generator", "WAIT_W", "WAIT_F", "WAIT_W_FOR_F", "REFILL", "PAIR_W", "ALL_POLICY_BITS"]
 
-_F, _I, _W = 0, 1, 2  # op kinds (as in timeline.time_codes); _I also stands for a fused B
-CHUNK = 4  # a code is kind + CHUNK * chunk (the rank's k-th stage), as in timeline.time_codes
+_F, _I, _W = OP_F, OP_I, OP_W  # op kinds; _I also stands for a fused B
 _ARRIVE_F, _ARRIVE_I = 3, 4  # event codes: an input arrives from a neighbour
 _SENT_F, _SENT_I = 5, 6  # an F (I) ends and its output arrives at that instant (a hop without delay)
 _PHASE_KIND = (_F, _F, _I, _F, _W)  # the op kind of each decision phase (warm-up F, refill F, I, F, W)

@@ -13,9 +13,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from titan_morph.pipelining.core.codes import CHUNK
 from titan_morph.pipelining.core.links import LinkDownError
 from titan_morph.pipelining.core.model import CostModel, Op, Order
-from titan_morph.pipelining.schedules.event_loop import ALL_POLICY_BITS, CHUNK, REFILL, run_generator
+from titan_morph.pipelining.schedules.event_loop import ALL_POLICY_BITS, REFILL, run_generator
 
 __all__ = ["generate", "generate_codes", "orders_of", "check_warmup", "check_limit", "check_policy"]
 

@@ -40,7 +40,7 @@ x = 1, each with limit = the rank's warm-up and with limit = the budget, and the
 uniform policies.
 
 Two stages per rank (the V): the same workers on per-rank orders whose ops carry their stage
-(:data:`timeline.CHUNK`); order moves never pass an op of the same microbatch on the rank (which
+(:data:`.core.codes.CHUNK`); order moves never pass an op of the same microbatch on the rank (which
 keeps the V's local hop and each stage's F < I < W), and deadlocking candidates score ``inf``.
 
 Anytime, deterministic and monotone: an iteration is one evaluation (one generator run, or one
@@ -62,6 +62,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from titan_morph.pipelining.core.codes import Code
 from titan_morph.pipelining.core.links import LinkModel
 from titan_morph.pipelining.core.model import CostModel, Op, Plan, relabel_microbatches, validate_orders, warmup_counts
 from titan_morph.pipelining.schedules.baselines import plain_codes, split_codes, warmup_for
@@ -70,7 +71,7 @@ from titan_morph.pipelining.schedules.slackness import adapted_warmup, fit_warmu
 from titan_morph.pipelining.search.knobs import UNIFORM_POLICIES, V_UNIFORM_POLICIES, knob_worker, needs
 from titan_morph.pipelining.search.score import Knobs, Objective, SearchState
 from titan_morph.pipelining.search.tabu import tabu_worker
-from titan_morph.pipelining.timing.timeline import Code, from_codes, to_codes
+from titan_morph.pipelining.timing.timeline import from_codes, to_codes
 
 __all__ = [
     "Knobs",

@@ -13,11 +13,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from titan_morph.pipelining.core.codes import CHUNK, Code
 from titan_morph.pipelining.core.layout import layout
 from titan_morph.pipelining.core.links import LinkModel, StaticDelays
 from titan_morph.pipelining.core.model import CostModel
 from titan_morph.pipelining.schedules.event_loop import run_generator
-from titan_morph.pipelining.timing.timeline import CHUNK, Code, Timeline, static_transmit, time_codes
+from titan_morph.pipelining.timing.timeline import Timeline, static_transmit, time_codes
 
 __all__ = ["Knobs", "Objective", "SearchState", "Topology", "better", "finish_sum", "EPS", "RNG_SEED"]
 

@@ -16,9 +16,10 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
+from titan_morph.pipelining.core.codes import CHUNK, OP_F, OP_I, OP_W, Code
 from titan_morph.pipelining.core.model import CostModel
 from titan_morph.pipelining.search.score import EPS, RNG_SEED, SearchState, Topology, better
-from titan_morph.pipelining.timing.timeline import CHUNK, OP_F, OP_I, OP_W, Code, Timeline
+from titan_morph.pipelining.timing.timeline import Timeline
 
 __all__ = [
     "stage_ok",

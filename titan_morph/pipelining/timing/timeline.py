@@ -14,22 +14,12 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from titan_morph.pipelining.core.codes import CHUNK, CODES, KIND_OF, Code
 from titan_morph.pipelining.core.layout import Layout, Sends, arrival, layout, queued_sends, static_sends
 from titan_morph.pipelining.core.links import LinkModel, StaticDelays
 from titan_morph.pipelining.core.model import CostModel, Op, Order
 
-__all__ = ["CHUNK", "CODES", "Code", "KIND_OF", "OP_B", "OP_F", "OP_I", "OP_W", "Timeline", "from_codes"]
-__all__ += ["static_transmit", "time_codes", "to_codes"]
-
-OP_F, OP_I, OP_W, OP_B = 0, 1, 2, 3
-"""Op kinds of :func:`time_codes` (``OP_B`` = fused I + W)."""
-CODES = {"F": OP_F, "I": OP_I, "W": OP_W, "B": OP_B}
-KIND_OF = ("F", "I", "W", "B")
-CHUNK = 4
-"""A code is ``kind + CHUNK * chunk``: chunk k is the rank's k-th stage (:meth:`CostModel.rank_stages`)."""
-Code = tuple[int, int]
-"""One op as ``(code, microbatch)``: the compact form the search manipulates. With one stage per
-rank the code is the kind (0..3); in the V, chunk 1 (the rank's stage on the way back) adds 4."""
+__all__ = ["Timeline", "from_codes", "static_transmit", "time_codes", "to_codes"]
 
 
 def to_codes(orders: Sequence[Sequence[Op]], model: CostModel | None = None) -> list[list[Code]]:
