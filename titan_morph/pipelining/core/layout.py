@@ -78,6 +78,19 @@ class Sends:
     queued: bool
     on_wires: bool
 
+    def tables(
+        self,
+    ) -> tuple[
+        list[float], list[float], list[bool], list[bool], list[LinkQueue | None], list[LinkQueue | None],
+        list[float], list[float], list[int], list[int], list[float],
+    ]:  # fmt: skip
+        """The per-stage tables in field order (delay, direct, queue, tau, wire_of; fwd then bwd; then
+        ``wire``), for a hot loop to bind to locals in one line."""
+        return (
+            self.delay_f, self.delay_b, self.direct_f, self.direct_b, self.queue_f, self.queue_b,
+            self.tau_f, self.tau_b, self.wire_f, self.wire_b, self.wire,
+        )  # fmt: skip
+
 
 def static_sends(
     lay: Layout,

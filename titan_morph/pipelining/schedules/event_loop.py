@@ -121,16 +121,7 @@ def run_generator(
         sends = static_sends(lay, model.num_links, delays, transmit)
     else:
         sends = queued_sends(lay, links, None)
-    df, db, direct_f, direct_b = sends.delay_f, sends.delay_b, sends.direct_f, sends.direct_b
-    qf, qb, txf, txb, wf, wb, wire = (
-        sends.queue_f,
-        sends.queue_b,
-        sends.tau_f,
-        sends.tau_b,
-        sends.wire_f,
-        sends.wire_b,
-        sends.wire,
-    )
+    df, db, direct_f, direct_b, qf, qb, txf, txb, wf, wb, wire = sends.tables()
     # Per-stage tables: where each stage runs, its op times, its ready queues (heaps by microbatch).
     rank_of, stages_of = lay.rank_of, lay.stages_of
     chunk_of = [k * CHUNK for k in lay.chunk_of]

@@ -144,16 +144,7 @@ def time_codes(
     # The pass: ranks run their orders until an input is missing; a delivery wakes the rank that
     # waits for it (its microbatch in wait_f / wait_b). Hot loop: the arrival rule is inline for
     # direct messages, :func:`arrival` for the others.
-    df, db, direct_f, direct_b = sends.delay_f, sends.delay_b, sends.direct_f, sends.direct_b
-    qf, qb, txf, txb, wf, wb, wire = (
-        sends.queue_f,
-        sends.queue_b,
-        sends.tau_f,
-        sends.tau_b,
-        sends.wire_f,
-        sends.wire_b,
-        sends.wire,
-    )
+    df, db, direct_f, direct_b, qf, qb, txf, txb, wf, wb, wire = sends.tables()
     rank_of, stages_of = lay.rank_of, lay.stages_of
     wait_f = [-1] * s_count  # the microbatch whose F input stage s's rank waits for
     wait_b = [-1] * s_count
