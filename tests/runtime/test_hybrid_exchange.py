@@ -25,7 +25,10 @@ def _ring_of_three(rank: int, world: int) -> list[tuple]:
     dp = dist.new_group([0, 1, 2], backend=collectives.BACKEND)
     alone = [dist.new_group([r]) for r in range(world)]  # one stage per "pipeline": a 1 x 3 layout
     clock = sync_clock(None)
-    topology = TopologyMonitor(Layout.identity(1, 3), DetectRule(detect_steps=2, floor_ms=5.0), policy="off")
+    # a pair is slow above half the injected delay: a loaded host's gloo latency stays under it (at the
+    # default 5 ms floor, a healthy pair read slow for two steps with a busy loop on each core)
+    rule = DetectRule(detect_steps=2, floor_ms=DELAY_MS / 2)
+    topology = TopologyMonitor(Layout.identity(1, 3), rule, policy="off")
     exchange = HybridExchange(alone[rank], 1, topology=topology, epoch=clock.epoch, dp_group=dp)
     seen = []
     for step in range(4):
