@@ -1,6 +1,6 @@
 """The one place tests start real multi-rank work: bounded in time, nothing left behind.
 
-* :func:`run_ranks` -- a function on N real gloo ranks (spawned processes, free-port TCP
+* :func:`run_ranks` -- a function on N real gloo ranks (processes forked from a clean server, free-port TCP
   rendezvous); each rank's return value comes back through a pickle file, a rank's exception fails
   the run with its traceback, and on timeout every rank is killed.
 * :func:`torchrun` / :func:`launch` -- a real ``torchrun`` training (or ``run_train.sh``) in its own
@@ -62,8 +62,17 @@ def processes_mentioning(text: str) -> list[tuple[int, str]]:
 
 
 def _entry(
-    rank: int, world: int, port: int, out: str, fn: Callable[..., Any], args: tuple, pg_timeout_s: float
+    rank: int,
+    world: int,
+    port: int,
+    out: str,
+    fn: Callable[..., Any],
+    args: tuple,
+    pg_timeout_s: float,
+    env: dict[str, str],
 ) -> None:
+    os.environ.clear()  # the caller's environment now, not the fork server's at its start
+    os.environ.update(env)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import faulthandler
 
@@ -98,22 +107,44 @@ def _entry(
     os._exit(0)
 
 
+RANK_PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.pipelining",
+    "tests.launch",
+    "titan_morph.comm",
+    "titan_morph.runtime",
+)
+"""What every rank of :func:`run_ranks` imports: loaded once, in the fork server."""
+
+
+def _start_method() -> str:
+    """``forkserver`` with :data:`RANK_PRELOAD` loaded in the server: each rank is a fork of a clean
+    process that never ran a test, as with ``spawn``, without importing torch again (1-3 s of CPU per
+    rank, most of a short test's time on 2 cores). The server starts with the first call; the
+    caller's environment travels with each call (:func:`_entry`)."""
+    import multiprocessing
+
+    multiprocessing.set_forkserver_preload(list(RANK_PRELOAD))
+    return "forkserver"
+
+
 def run_ranks(
     fn: Callable[..., Any], world: int, *args: Any, timeout: float = 60.0, pg_timeout_s: float = PG_TIMEOUT_S
 ) -> list[Any]:
     """``fn(rank, world, *args)`` on ``world`` gloo ranks (process group initialised); the per-rank results.
 
-    ``fn`` must be importable by the spawned processes (a module-level function of a test module).
+    ``fn`` must be importable by the rank processes (a module-level function of a test module).
     """
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="titan_morph_ranks_") as out:
         ctx = mp.start_processes(
             _entry,
-            args=(world, free_port(), out, fn, args, pg_timeout_s),
+            args=(world, free_port(), out, fn, args, pg_timeout_s, dict(os.environ)),
             nprocs=world,
             join=False,
-            start_method="spawn",
+            start_method=_start_method(),
         )
         deadline = time.monotonic() + timeout
         try:

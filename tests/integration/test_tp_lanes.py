@@ -52,8 +52,10 @@ def test_a_slow_lane_is_its_links_and_every_rank_decides_alike(one_f_one_b, tmp_
     no_leftovers(tmp_path / "lane")
 
 
+# The slow-lane run above already carries both lanes' link on the delegates (auto), checked against
+# 1F1B: these paths, every message on one transport from step 1, are the slow run's.
 PATHS = [
-    pytest.param("PipeMorph", "delegate", id="pipemorph-delegate"),  # the delegates carry each lane's own shard
+    pytest.param("PipeMorph", "delegate", id="pipemorph-delegate", marks=pytest.mark.slow),
     pytest.param("PipeMorph", "default", id="pipemorph-default", marks=pytest.mark.slow),
     pytest.param("PipeMorph", "auto", id="pipemorph-auto", marks=pytest.mark.slow),
     pytest.param("ZBH2", "auto", id="zbh2-auto", marks=pytest.mark.slow),
