@@ -216,5 +216,9 @@ def test_iterations_for_ms_is_a_deterministic_count() -> None:
     model = CostModel.uniform(8, 32, 1, 1, 1)
     assert search_mod.iterations_for_ms(model, 200.0) == int(200_000 / (search_mod.US_PER_OP_ITERATION * 768))
     assert search_mod.iterations_for_ms(model, 0.001) == 1
+    # the robust search times each candidate under every sample: 16 of them cost about 8 x one
+    assert search_mod.iterations_for_ms(model, 200.0, 16) == int(200_000 / (search_mod.US_PER_OP_ITERATION * 768 * 8))
+    with pytest.raises(ValueError, match="scenarios must be >= 1"):
+        search_mod.iterations_for_ms(model, 200.0, 0)
     with pytest.raises(ValueError, match="budget_ms must be > 0"):
         search_mod.iterations_for_ms(model, 0)

@@ -240,7 +240,8 @@ class Morph:
 
     search_budget_ms: Annotated[float, Range(0, low_open=True)] = 200.0
     """The search's work in ms of CPU when ``search_iterations`` is 0, converted into a fixed number
-    of iterations (so the plan does not depend on the machine's load)."""
+    of iterations (so the plan does not depend on the machine's load); a search over ``plan_samples``
+    delay vectors takes fewer, each costing more, within the same budget."""
 
     transport: Transport = "default"
     """Pipeline send/recv path: default (torch.distributed P2P) | delegate (via host-side delegate

@@ -360,12 +360,14 @@ class Monitor:
             plan = self.initial_plan  # every link healthy, or planned as healthy (:mod:`.detect`)
         else:
             model = self.times.model(self.microbatches, decision.delays_ms, policy.memory, decision.transmit_ms)
+            samples = self.delay_samples(decision)
+            scenarios = len(samples) if samples else 1
             plan = adapted_plan(
                 model,
                 search=policy.search,
                 depth=policy.depth,
-                iterations=search_iterations(model, policy.search_iterations, policy.search_budget_ms),
-                samples=self.delay_samples(decision),
+                iterations=search_iterations(model, policy.search_iterations, policy.search_budget_ms, scenarios),
+                samples=samples,
             )
         moving = policy.delegate_slow_links
         return Change(
