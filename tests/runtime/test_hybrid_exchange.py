@@ -46,11 +46,12 @@ def test_a_slow_ring_is_probed_until_the_pair_is_named():
     for rank, seen in enumerate(res):
         rows, suspects, estimates, slow, probes, median = seen[0]
         assert rows == [[float(rank), 0.0]]  # this "pipeline"'s own row back
-        # the ring's per-hop delay: the injected one, plus gloo's own latency and the host's load
-        assert DELAY_MS - 2 <= median <= DELAY_MS * 1.5
+        # the ring's per-hop delay: the injected one, plus gloo's own latency and the host's load (a
+        # probe read 61 ms with a busy loop on each core); two hops' worth would be the wrong reading
+        assert DELAY_MS - 2 <= median < 2 * DELAY_MS
         assert suspects == [(0, 1, 2)] and not estimates and probes == 1
         _, _, estimates, slow, _, _ = seen[1]
-        assert DELAY_MS - 2 <= estimates[(0, 1)][0] <= DELAY_MS * 1.5
+        assert DELAY_MS - 2 <= estimates[(0, 1)][0] < 2 * DELAY_MS
         assert max(estimates[(0, 2)] + estimates[(1, 2)]) < DELAY_MS / 2
         assert slow == []  # one slow step so far (k = 2)
         assert seen[2][3] == [(0, 1)] and seen[3][3] == [(0, 1)]
