@@ -107,8 +107,8 @@ def iterations_for_ms(model: CostModel, budget_ms: float, scenarios: int = 1) ->
     (:data:`US_PER_OP_ITERATION`): for callers that think in time but need the same plan on every
     rank (pass it as ``iterations``, with no or a generous ``time_budget_ms``). An iteration of the
     robust search times its candidate under each of ``scenarios`` delay vectors: measured on 2-8
-    stages and 8-32 microbatches, K vectors cost about K^0.75 times one (3x for 4, 5.5-9x for 16),
-    and divide the count so."""
+    stages and 8-32 microbatches, K vectors cost about K^0.75 times one (2.2-4.1x for 4, 3.7-8.8x
+    for 16), and divide the count so."""
     if not budget_ms > 0:
         raise ValueError(f"budget_ms must be > 0 ms, got {budget_ms}")
     if scenarios < 1:
