@@ -97,7 +97,7 @@ def initial_plan(
     if not (morph.search and delays is not None):  # without known delays Alg. 1's max-min slackness stands
         return build(family, model)
     samples = morph.plan_delay_samples(model.num_links)  # N(plan_delays_ms, plan_delays_std_ms)
-    iterations = search_iterations(model, morph.search_iterations, morph.search_budget_ms, len(samples or ()) or 1)
+    iterations = search_iterations(model, morph.search_iterations, morph.search_budget_ms, samples)
     depth = morph.depth if samples is None else None  # the expected makespan over samples: non-blocking
     return adapted_plan(model, search=True, depth=depth, iterations=iterations, samples=samples)
 

@@ -361,12 +361,11 @@ class Monitor:
         else:
             model = self.times.model(self.microbatches, decision.delays_ms, policy.memory, decision.transmit_ms)
             samples = self.delay_samples(decision)
-            scenarios = len(samples) if samples else 1
             plan = adapted_plan(
                 model,
                 search=policy.search,
                 depth=policy.depth,
-                iterations=search_iterations(model, policy.search_iterations, policy.search_budget_ms, scenarios),
+                iterations=search_iterations(model, policy.search_iterations, policy.search_budget_ms, samples),
                 samples=samples,
             )
         moving = policy.delegate_slow_links

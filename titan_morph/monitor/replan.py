@@ -95,12 +95,14 @@ def wire_capacity_ms(model: CostModel) -> tuple[float, ...]:
     return tuple(period / len(model.link_hops(link)) for link in range(model.num_links))
 
 
-def search_iterations(model: CostModel, iterations: int, budget_ms: float, scenarios: int = 1) -> int:
+def search_iterations(
+    model: CostModel, iterations: int, budget_ms: float, samples: Sequence[Sequence[float]] | None = None
+) -> int:
     """The search's fixed work for ``model``: ``iterations`` when set (> 0), else the count that takes
-    about ``budget_ms`` of CPU on the reference box over ``scenarios`` delay vectors (the robust
-    search's samples) -- a pure function of the inputs, so every rank searches the same way and
+    about ``budget_ms`` of CPU on the reference box over the robust search's ``samples`` (one delay
+    vector when None) -- a pure function of the inputs, so every rank searches the same way and
     builds the same plan, whatever its load."""
-    return iterations if iterations > 0 else iterations_for_ms(model, budget_ms, scenarios)
+    return iterations if iterations > 0 else iterations_for_ms(model, budget_ms, len(samples) if samples else 1)
 
 
 def adapted_plan(
