@@ -18,7 +18,19 @@ from titan_morph.netlab.transfer import TransferError, measure, theory_s
 pytestmark = pytest.mark.netlab
 
 PAYLOAD = 4 * 2**20
-TOLERANCE = 0.25
+FASTER = 0.25  # a shaped path may beat its rate by its burst bucket, no more
+SLOWER = 1.0  # headers (~5 %) and a busy host only ever slow a transfer down
+
+
+def best_of_two(lab: Lab, src: int, dst: int, nic: str) -> float:
+    """The faster of two timed transfers: load on the host only adds time, so the minimum is what
+    the path allows."""
+    return min(measure(lab, src, dst, nic, PAYLOAD) for _ in range(2))
+
+
+def assert_at_rate(took: float, rate_mbit: float) -> None:
+    theory = theory_s(PAYLOAD, rate_mbit)
+    assert (1 - FASTER) * theory <= took <= (1 + SLOWER) * theory, (rate_mbit, took, theory)
 
 
 def _root_links() -> str:
@@ -74,13 +86,11 @@ def test_a_shaped_path_delays_a_payload_as_its_rate_predicts(lab3: Lab):
     limits = {(s.src, s.dst, s.nic, s.rate) for s in shapes(lab3)}
     assert limits == {(0, 1, "data", "100Mbit"), (0, 2, "data", "50Mbit")}
     for dst, rate in ((1, 100), (2, 50)):
-        took, theory = measure(lab3, 0, dst, "data", PAYLOAD), theory_s(PAYLOAD, rate)
-        assert abs(took - theory) <= TOLERANCE * theory, (dst, rate, took, theory)
-    assert measure(lab3, 1, 0, "data", PAYLOAD) < theory_s(PAYLOAD, 100) / 2  # the other direction is free
-    assert measure(lab3, 0, 1, "host", PAYLOAD) < theory_s(PAYLOAD, 100) / 2  # and so is the other NIC
+        assert_at_rate(best_of_two(lab3, 0, dst, "data"), rate)
+    assert best_of_two(lab3, 1, 0, "data") < theory_s(PAYLOAD, 100) / 2  # the other direction is free
+    assert best_of_two(lab3, 0, 1, "host") < theory_s(PAYLOAD, 100) / 2  # and so is the other NIC
     shape(lab3, 0, 1, "data", 200)  # changed in place
-    took, theory = measure(lab3, 0, 1, "data", PAYLOAD), theory_s(PAYLOAD, 200)
-    assert abs(took - theory) <= TOLERANCE * theory, (took, theory)
+    assert_at_rate(best_of_two(lab3, 0, 1, "data"), 200)
     unshape(lab3, 0, 1, "data")
     shape(lab3, 0, 2, "data", 0)
     assert shapes(lab3) == []
