@@ -116,7 +116,8 @@ def report(logdir: Path, case: Case) -> list[str]:
     before = list(_split_at(auto, moved - 1))
     lines += [
         f"  re-partitioned after step {moved - 1}: layers per stage {before} -> {list(split)}, {relaunches}"
-        f" relaunch(es); relaunch cost estimated {estimated / 1e3:.1f} s, measured {measured / 1e3:.1f} s",
+        f" relaunch(es); relaunch cost estimated {estimated / 1e3:.1f} s, measured {measured / 1e3:.1f} s"
+        f" ({measured / estimated:.2f}x)",
         f"  steady steps {steady.start}-{steady.stop - 1}: auto {got:.0f} ms / simulator {sim:.1f} ms ="
         f" {got / sim:.3f}; even {ref:.0f} ms / simulator {sim_even:.1f} ms = {ref / sim_even:.3f}",
         f"  even / auto = {ref / got:.2f} (simulator {sim_even / sim:.2f})",

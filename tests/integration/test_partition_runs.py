@@ -65,20 +65,29 @@ def test_synthetic_straggler_is_detected_replanned_and_moved(tmp_path, no_leftov
     out = result.output
     # detected after 2 slow steps from step 4 (step 5; step 6 when a step's noise hides one), and the split
     # follows the measured speed (0.5 at factor 2 on a quiet host: [5, 5, 4, 2]; it reads higher when the
-    # baseline steps carry host overhead, e.g. 0.65: [5, 4, 4, 3]): layers leave rank 3 either way
-    seen = re.search(r"step (\d+): rank 3 slow: op time", out)
+    # baseline steps carry host overhead, e.g. 0.65: [5, 4, 4, 3]): layers leave rank 3 either way. On a
+    # loaded host another rank may read slow in the same decision ("rank 2 slow: ...; rank 3 slow: ...")
+    seen = re.search(r"step (\d+): [^\n]*rank 3 slow: op time", out)
     assert seen is not None and int(seen.group(1)) in (5, 6), result.tail(60)
-    step = int(seen.group(1))
+    first = re.search(r"step (\d+): [^\n]*rank \d slow: op time", out)
+    assert first is not None
+    step = int(first.group(1))
     moves = re.findall(r"relaunching after step (\d+) with layers per stage \[([\d, ]+)\]", out)
     assert out.count("titan_morph.launch: relaunching") == len(moves) >= 1, result.tail(60)
-    # the first move at the detection; with repartition_after = 0 a re-read speed after it (the relaunched
-    # ranks' first steps, on a loaded host) may move again: every split keeps layers off rank 3
+    # the first move at the first detection; with repartition_after = 0 a re-read speed after it (the
+    # relaunched ranks' first steps, on a loaded host) may move again: every split keeps layers off rank 3
     splits = [[int(n) for n in layers.split(",")] for _, layers in moves]
     assert int(moves[0][0]) == step, moves
     for chosen in splits:
-        assert sum(chosen) == 16 and chosen[3] < 4 and min(chosen[:3]) >= 4, splits
+        assert sum(chosen) == 16 and chosen[3] < 4 and chosen[3] == min(chosen), splits
         assert f"layers per stage {chosen} would plan" in out
     assert f"Training starts at step {step + 1}" in out and "from before the relaunch" in out
+    # the price the first move was bought at counts the checkpoint and the end of the run; the
+    # relaunched run measures it whole and prints both
+    estimated = re.search(r"relaunch cost ([\d.]+) s \(estimated\): .* plus the checkpoint's save [\d.]+ s", out)
+    measured = re.search(r"relaunch cost ([\d.]+) s \(measured\): .*the move was priced at ([\d.]+) s", out)
+    assert estimated is not None and measured is not None, result.tail(60)
+    assert measured.group(2) == estimated.group(1)
     split = {s: result.scalars(f"morph/partition/stage{s}") for s in range(4)}
     assert [split[s][step] for s in range(4)] == [4.0] * 4 and [split[s][8] for s in range(4)] == splits[-1]
     assert result.scalars("morph/repartitions")[8] == len(moves) and result.scalars("morph/slow_rank/rank3")[8] == 1.0

@@ -9,7 +9,14 @@ from titan_morph.monitor.adapt import AdaptPolicy, Monitor
 from titan_morph.monitor.compute import SpeedDetector, rank_speeds, spread_costs
 from titan_morph.monitor.detect import DetectRule
 from titan_morph.monitor.profile import StepProfile
-from titan_morph.monitor.repartition import Entries, Partitioner, PartitionState, entries_of, layers_of
+from titan_morph.monitor.repartition import (
+    Entries,
+    Partitioner,
+    PartitionState,
+    RelaunchParts,
+    entries_of,
+    layers_of,
+)
 from titan_morph.pipelining.core.model import CostModel
 from titan_morph.pipelining.partition import LayerCost
 from titan_morph.pipelining.search.builders import build
@@ -93,7 +100,9 @@ def test_replans_at_detection_then_moves_once_the_lost_time_pays_the_relaunch():
         factors = (1.0, 1.0, 1.0, 2.0 if step >= 4 else 1.0)
         got = part.observe(step, _profiles(step, EVEN, factors), (0.0, 0.0, 0.0))
         if step == 1:
-            part.set_startup(5000.0 + 750.0)  # the relaunch costs 5 s beyond one planned step (750 ms)
+            # a first launch: 3 s to its first step's end beyond one planned step (750 ms); a relaunch
+            # adds a save, a load and the end of the run: 5 s in all
+            part.set_startup(3000.0 + 750.0, RelaunchParts(save_ms=1200.0, load_ms=500.0, end_ms=300.0))
         if got is not None:
             plans[step] = got
         if part.repartition is not None:
@@ -102,6 +111,11 @@ def test_replans_at_detection_then_moves_once_the_lost_time_pays_the_relaunch():
     assert "stage times measured over 2 steps" in plans[3][1] and "rank 3 slow" in plans[6][1]
     assert "layers per stage [5, 5, 4, 2] would plan 912.5 ms" in plans[6][1]
     assert part.relaunch_cost_ms == pytest.approx(5000.0)
+    priced = [n for n in part.notes if n.startswith("relaunch cost")]
+    assert priced == [
+        "relaunch cost 5.0 s (estimated): 3.8 s from the launch to the end of its first step, less one planned"
+        " step (0.8 s), plus the checkpoint's save 1.2 s and load 0.5 s (probed) and the end of the run 0.3 s"
+    ]
     move = part.repartition
     assert move is not None and layers_of(move.entries) == (5, 5, 4, 2)
     # from step 6 on every step loses 1470 - 912.5 ms: 9 steps exceed 5 s
@@ -125,8 +139,12 @@ def test_relaunched_run_plans_for_the_carried_speeds_and_moves_back_on_recovery(
     costs = spread_costs(_entries().names, _entries().weights, EVEN, [(10.0, 10.0, 10.0)] * S)
     carried = PartitionState(costs, (1.0, 1.0, 1.0, 0.5), 1, 4000.0, 0.0)
     part = Partitioner(_entries(), moved, N, "pipemorph", 200, rule=RULE, after=0.0, carried=carried)
+    part.set_startup(5000.0 + 912.5, RelaunchParts(1.0, 1.0, 1.0))  # measured whole: no parts added
     first = part.observe(21, _profiles(21, moved, (1.0, 1.0, 1.0, 2.0)), (0.0, 0.0, 0.0))
     assert first is not None and "from before the relaunch" in first[1] and part.plan_ms == pytest.approx(912.5)
+    assert part.relaunch_cost_ms == pytest.approx(5000.0)
+    assert "relaunch cost 5.0 s (measured): 5.9 s from the re-partition's decision" in part.notes[-1]
+    assert part.notes[-1].endswith("; the move was priced at 4.0 s (1.25x)")
     for step in range(22, 30):  # still slow: consistent with the carried speed, nothing to do
         assert part.observe(step, _profiles(step, moved, (1.0, 1.0, 1.0, 2.0)), (0.0, 0.0, 0.0)) is None
     for step in range(30, 34):  # recovered

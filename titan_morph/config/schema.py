@@ -292,9 +292,10 @@ class Morph:
     auto (starts even; after ``profile_steps`` and whenever a rank's compute slows or recovers,
     re-plans the schedule for the measured times, then moves layers through a checkpoint and a
     relaunch by ./run_train.sh's launcher once the time the old split has lost exceeds
-    ``repartition_after`` x the measured relaunch cost) | manual (TorchTitan's split options:
-    [parallelism] module_fqns_per_model_part, pipeline_parallel_layers_per_stage,
-    pipeline_parallel_first_stage_less_layers / pipeline_parallel_last_stage_less_layers). auto
+    ``repartition_after`` x the relaunch cost, estimated before a relaunch, then measured) | manual
+    (TorchTitan's split options: [parallelism] module_fqns_per_model_part,
+    pipeline_parallel_layers_per_stage, pipeline_parallel_first_stage_less_layers /
+    pipeline_parallel_last_stage_less_layers). auto
     needs a titan_morph schedule with one stage per rank, ``monitor`` and [checkpoint] enable = true.
     With data parallelism every replica holds the same layers: auto re-plans each pipeline for its
     measured speeds and never moves layers (``rebalance_microbatches`` moves microbatches instead)."""
@@ -302,8 +303,9 @@ class Morph:
     repartition_after: Annotated[float, Range(0)] = 1.0
     """partition = auto: move layers once the time lost since a compute change (per step, the planned
     step of the split running now less that of the best split) exceeds this x the relaunch cost: 1 =
-    ski rental (never more than twice the best choice in hindsight). A move that cannot pay for itself
-    in the steps left is not made, except with 0: at once, whatever it costs (tests, demos)."""
+    ski rental (at most twice the best choice in hindsight at the price paid; ``1 + max(e, 1/e)``
+    for a price estimated ``e`` times the one paid). A move that cannot pay for itself in the steps
+    left is not made, except with 0: at once, whatever it costs (tests, demos)."""
 
     repartition_min_gain: Annotated[float, Range(0, 1)] = 0.05
     """partition = auto: the least gain worth a relaunch, as a fraction of the planned step of the

@@ -216,7 +216,8 @@ def _partitioner(trainer: Any) -> tuple[Any, Partitioner | None]:
 def started_launch(trainer: Any) -> None:
     """After a step: on the first of this launch, every rank agrees on the time since the launch
     began (a relaunch: since the move was decided), from which the partitioner's relaunch cost
-    follows. One small collective per launch."""
+    follows; a first launch that may move also probes the checkpoint's save and load
+    (:mod:`.relaunch_price`). A few collectives, once per launch."""
     schedule, part = _partitioner(trainer)
     if part is None or part.startup_known or schedule.exchange is None:
         return
@@ -224,7 +225,23 @@ def started_launch(trainer: Any) -> None:
     began = part.carried.decided_at if part.carried is not None else launch_time()
     if began is None:  # no launcher: nothing relaunches this run
         return
-    part.set_startup(schedule.exchange.agree_max((time.time() - began) * 1e3))
+    startup_ms = schedule.exchange.agree_max((time.time() - began) * 1e3)
+    parts = None
+    checkpointer = trainer.checkpointer
+    if part.carried is None and math.isfinite(part.min_gain) and checkpointer.enable:
+        import torch.distributed as dist
+
+        from titan_morph.comm.groups import cpu_group
+        from titan_morph.integration.relaunch_price import relaunch_parts
+
+        settings: Settings = trainer.morph_settings
+        interfaces = settings.morph.host_interfaces
+        world = dist.group.WORLD
+        if world is None:  # torch types WORLD as optional: None before init_process_group
+            raise RuntimeError("partition = auto: torch.distributed has no default process group")
+        group = cpu_group(world, interfaces[0] if interfaces else "", settings.timeouts)
+        parts = relaunch_parts(checkpointer.folder, trainer.model_parts, trainer.optimizers, group)
+    part.set_startup(startup_ms, parts)
 
 
 def finish_for_repartition(trainer: Any, save: Callable[[Any, int], None]) -> bool:

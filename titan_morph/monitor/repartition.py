@@ -21,16 +21,17 @@
 
    The claim of ``after = 1`` and what it assumes: for one condition that holds until it ends, the
    time lost to it (rent, then the relaunch) is at most twice what the best fixed choice in
-   hindsight loses -- when the relaunch cost is the one measured, the gain is the planner's (both
-   per condition), and a condition's move back is counted as its own purchase, under its own
-   condition. A relaunch cost measured low (the first launch's, see below) moves early: the bound
-   then holds against that lower price, not the real one.
+   hindsight loses -- when the relaunch cost is the price actually paid, the gain is the planner's
+   (both per condition), and a condition's move back is counted as its own purchase, under its own
+   condition. A price estimated off by a factor ``e`` moves ``e`` times early or late: the bound
+   becomes ``1 + max(e, 1/e)``.
 
-The relaunch cost is measured: on the first launch from the launcher's start to the end of the
-first step (no checkpoint was saved or loaded yet: an underestimate), on a relaunched one from the
-decision to the end of its first step (save, exit, start, load and that step); less one planned
-step, which the run would have spent anyway. The runtime agrees one value for every rank
-(:meth:`Partitioner.set_startup`) and the state carries the latest across relaunches.
+The relaunch cost is what a move spends beyond the step it replaces: the checkpoint's save, the
+end of the run, a new start (processes, imports, groups, model), the checkpoint's load and the first
+step, less one planned step. A relaunched run measures it whole, from the decision to the end of its
+first step. The first launch estimates it (:class:`RelaunchParts`): its own start to the end of its first step,
+plus a probed save and load and the release's end of run. The runtime agrees one value for every
+rank (:meth:`Partitioner.set_startup`) and the state carries the latest across relaunches.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from titan_morph.monitor.profile import StepProfile
 from titan_morph.pipelining.core.model import Plan
 from titan_morph.pipelining.partition import LayerCost, PartitionProblem, SplitPlan, evaluate_split, partition
 
-__all__ = ["Entries", "PartitionState", "Partitioner", "Repartition", "layers_of", "entries_of"]
+__all__ = ["Entries", "PartitionState", "Partitioner", "RelaunchParts", "Repartition", "layers_of", "entries_of"]
 
 
 def entries_of(layers_per_stage: Sequence[int]) -> tuple[int, ...]:
@@ -88,6 +89,26 @@ class Entries:
     names: tuple[str, ...]
     weights: tuple[Weights, ...]
     bytes: tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True)
+class RelaunchParts:
+    """What a relaunch spends that a first launch does not: the checkpoint's save and load (probed
+    before any relaunch) and the end of the run (the release's, after the last step)."""
+
+    save_ms: float
+    load_ms: float
+    end_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.save_ms + self.load_ms + self.end_ms
+
+    def describe(self) -> str:
+        return (
+            f"the checkpoint's save {self.save_ms / 1e3:.1f} s and load {self.load_ms / 1e3:.1f} s (probed)"
+            f" and the end of the run {self.end_ms / 1e3:.1f} s"
+        )
 
 
 @dataclass(frozen=True)
@@ -200,26 +221,40 @@ class Partitioner:
         self._baseline: list[list[tuple[float, float, float]]] = [[] for _ in range(ranks)]
         self._observed = 0
         self._startup_ms: float | None = None
+        self._parts: RelaunchParts | None = None
         self.notes: list[str] = []  # what the log should say (a move not worth its cost); the caller empties it
         self.startup_known = False  # the runtime gave this launch's start-up (set_startup) or has none
         self.applied = False  # the runtime acted on :attr:`repartition`
 
     # ------------------------------------------------------------------ inputs
-    def set_startup(self, startup_ms: float) -> None:
+    def set_startup(self, startup_ms: float, parts: RelaunchParts | None = None) -> None:
         """The time from this launch's start (a relaunch: the decision) to the end of its first
-        step, agreed by every rank; the relaunch cost follows once a step is planned."""
+        step, agreed by every rank, and on a first launch what a relaunch adds to it (``parts``);
+        the relaunch cost follows once a step is planned."""
         self._startup_ms = startup_ms
+        self._parts = parts
         self._update_cost()
 
     def _update_cost(self) -> None:
-        if self._startup_ms is not None and self.plan_ms is not None:
-            self.relaunch_cost_ms = max(0.0, self._startup_ms - self.plan_ms)
-            since = "the re-partition's decision" if self.carried is not None else "the launch"
-            self.notes.append(
-                f"relaunch cost {self.relaunch_cost_ms / 1e3:.1f} s: {self._startup_ms / 1e3:.1f} s from {since}"
-                f" to the end of this launch's first step, less one planned step ({self.plan_ms:.1f} ms)"
-            )
-            self._startup_ms = None
+        if self._startup_ms is None or self.plan_ms is None:
+            return
+        start = f"{self._startup_ms / 1e3:.1f} s from"
+        less = f"less one planned step ({self.plan_ms / 1e3:.1f} s)"
+        cost = max(0.0, self._startup_ms - self.plan_ms)
+        if self.carried is not None:  # measured whole
+            before = self.carried.relaunch_cost_ms
+            priced = "" if before is None else f"; the move was priced at {before / 1e3:.1f} s ({cost / before:.2f}x)"
+            text = f"{start} the re-partition's decision to the end of this launch's first step, {less}{priced}"
+            measured = "measured"
+        else:
+            parts = self._parts
+            cost += parts.total_ms if parts is not None else 0.0
+            add = f", plus {parts.describe()}" if parts is not None else " (no checkpoint's save or load counted)"
+            text = f"{start} the launch to the end of its first step, {less}{add}"
+            measured = "estimated"
+        self.relaunch_cost_ms = cost
+        self.notes.append(f"relaunch cost {cost / 1e3:.1f} s ({measured}): {text}")
+        self._startup_ms = None
 
     def problem(self, speeds: Sequence[float], delays: Sequence[float]) -> PartitionProblem:
         assert self.costs is not None
