@@ -228,7 +228,7 @@ def partition_cpu() -> MorphTrainer.Config:
         synthetic=Synthetic(enabled=True, layers=16, fwd_ms=layer, bwd_ms=layer, wgt_ms=layer, hidden=64),
         inject=Inject(mode="static", compute_factor=[1.0, 1.0, 1.0, 2.0], start_step=4),
     )
-    config = _synthetic_job("partition_cpu", 80, morph)
+    config = _synthetic_job("partition_cpu", 140, morph)  # the ski rental pays a ~20 s relaunch back
     config.checkpoint = CheckpointManager.Config(
         enable=True, folder="checkpoint", interval=100000, keep_latest_k=2, initial_load_model_only=False
     )
