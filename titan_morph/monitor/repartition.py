@@ -29,9 +29,9 @@
 The relaunch cost is what a move spends beyond the step it replaces: the checkpoint's save, the
 end of the run, a new start (processes, imports, groups, model), the checkpoint's load and the first
 step, less one planned step. A relaunched run measures it whole, from the decision to the end of its
-first step. The first launch estimates it (:class:`RelaunchParts`): its own start to the end of its first step,
-plus a probed save and load and the release's end of run. The runtime agrees one value for every
-rank (:meth:`Partitioner.set_startup`) and the state carries the latest across relaunches.
+first step. The first launch estimates it (:class:`RelaunchParts`): its own start to the end of its
+first step, plus a probed save and load and the release's end of run. The runtime agrees one value
+for every rank (:meth:`Partitioner.set_startup`) and the state carries the latest across relaunches.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ class Partitioner:
         cost = max(0.0, self._startup_ms - self.plan_ms)
         if self.carried is not None:  # measured whole
             before = self.carried.relaunch_cost_ms
-            priced = "" if before is None else f"; the move was priced at {before / 1e3:.1f} s ({cost / before:.2f}x)"
+            priced = "" if not before else f"; the move was priced at {before / 1e3:.1f} s ({cost / before:.2f}x)"
             text = f"{start} the re-partition's decision to the end of this launch's first step, {less}{priced}"
             measured = "measured"
         else:
