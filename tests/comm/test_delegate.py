@@ -243,5 +243,8 @@ def test_a_rate_holds_on_the_delegated_path() -> None:
     first = sender["sent"][0][0]
     # one message on the wire at a time: the n-th is delivered n x 40 ms after the first was accepted, or later
     assert all(planned >= first + 40.0 * (n + 1) - 1e-6 for n, (_, planned) in enumerate(sender["sent"]))
+    # released at their planned times, never early (the ranks' clocks agree within a few ms; a loaded
+    # host only delays a receiver's notice, so the spacing of arrivals may shrink, never an arrival move up)
+    planned = sorted(p for _, p in sender["sent"])
     arrived = sorted(receiver["recv"])
-    assert arrived[-1] - arrived[0] >= 3 * 40.0 - 5.0, arrived  # released at their planned times, never early
+    assert all(got >= due - 5.0 for got, due in zip(arrived, planned)), (arrived, planned)
