@@ -168,6 +168,12 @@ class MorphSettings:
         return tuple(n.strip() for n in self.host_ifnames.split(",") if n.strip())
 
     @property
+    def control_interface(self) -> str:
+        """The interface the control plane's gloo groups bind to: the first of ``host_ifnames``
+        ("" = torch's choice)."""
+        return self.host_interfaces[0] if self.host_interfaces else ""
+
+    @property
     def routed(self) -> bool:
         """Whether a torch schedule's traffic must be routed (injected delays, a non-default path, or
         the default path on its own NIC)."""

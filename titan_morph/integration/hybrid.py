@@ -191,7 +191,7 @@ def lanes_group(settings: Settings, dims: ParallelDims | None) -> dist.ProcessGr
         raise RuntimeError("titan_morph: tensor parallelism with PP, but TorchTitan built no pp x tp mesh")
     morph = settings.morph
     ranks = [int(r) for r in mesh.mesh.flatten().tolist()]
-    return cpu_group_over(ranks, morph.host_interfaces[0] if morph.host_interfaces else "", settings.timeouts)
+    return cpu_group_over(ranks, morph.control_interface, settings.timeouts)
 
 
 def parallel_dims_for(settings: Settings, dims: ParallelDims) -> ParallelDims:
@@ -226,8 +226,7 @@ def replica_split(settings: Settings, parallel_dims: ParallelDims | None) -> Rep
             f"titan_morph: the data-parallel mesh of this stage has {dp.size() if dp else 'no'} rank(s), the"
             f" configured degrees {settings.dp_degree}: the replicas' microbatches cannot be split"
         )
-    interface = morph.host_interfaces[0] if morph.host_interfaces else ""
-    group = cpu_group(dp.get_group(), interface, settings.timeouts)
+    group = cpu_group(dp.get_group(), morph.control_interface, settings.timeouts)
     counts = settings.replica_counts
     rebalancer = None
     if moving:
@@ -265,7 +264,7 @@ def make_exchange(
         dp_group=dp.get_group() if dp is not None else None,
         moves_before=moves_before(),
         stages_per_rank=stages_per_rank,
-        interface=morph.host_interfaces[0] if morph.host_interfaces else "",
+        interface=morph.control_interface,
         replicas=replicas,
         timeouts=settings.timeouts,
         lanes=lanes,

@@ -235,11 +235,10 @@ def started_launch(trainer: Any) -> None:
         from titan_morph.integration.relaunch_price import relaunch_parts
 
         settings: Settings = trainer.morph_settings
-        interfaces = settings.morph.host_interfaces
         world = dist.group.WORLD
         if world is None:  # torch types WORLD as optional: None before init_process_group
             raise RuntimeError("partition = auto: torch.distributed has no default process group")
-        group = cpu_group(world, interfaces[0] if interfaces else "", settings.timeouts)
+        group = cpu_group(world, settings.morph.control_interface, settings.timeouts)
         parts = relaunch_parts(checkpointer.folder, trainer.model_parts, trainer.optimizers, group)
     part.set_startup(startup_ms, parts)
 
