@@ -61,10 +61,10 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 from pathlib import Path
 
 from bench_emulated_bandwidth import CONFIG  # the same testbed as the emulated-bandwidth benchmark
+from logdir_report import run_then_report
 
 from titan_morph.compare.results import PIPELINE_TAG, STEP_TIME_TAG, read_scalars
 from titan_morph.compare.variants import parse_variants
@@ -458,15 +458,14 @@ def main() -> None:
         parser.error("--steps must exceed --skip")
     opts.only = set(opts.only.split(","))
     tcp: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix="bench_netlab_congestion_") as tmp:
-        logdir = (opts.logdir or Path(tmp)).resolve()
-        if not opts.report_only:
-            _run(opts, logdir, 0.0, tcp)
-        text = report(opts, logdir, tcp)
-    print()
-    print(text)
-    if opts.out:
-        opts.out.write_text(text + "\n")
+    run_then_report(
+        "bench_netlab_congestion_",
+        opts.logdir,
+        opts.report_only,
+        lambda logdir: _run(opts, logdir, 0.0, tcp),
+        lambda logdir: report(opts, logdir, tcp),
+        opts.out,
+    )
 
 
 if __name__ == "__main__":

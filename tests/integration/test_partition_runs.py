@@ -72,14 +72,22 @@ def test_synthetic_straggler_is_detected_replanned_and_moved(tmp_path, no_leftov
     first = re.search(r"step (\d+): [^\n]*rank \d slow: op time", out)
     assert first is not None
     step = int(first.group(1))
-    moves = re.findall(r"relaunching after step (\d+) with layers per stage \[([\d, ]+)\]", out)
+    moves = [
+        (int(after), [int(n) for n in layers.split(",")])
+        for after, layers in re.findall(r"relaunching after step (\d+) with layers per stage \[([\d, ]+)\]", out)
+    ]
     assert out.count("titan_morph.launch: relaunching") == len(moves) >= 1, result.tail(60)
-    # the first move at the first detection; with repartition_after = 0 a re-read speed after it (the
-    # relaunched ranks' first steps, on a loaded host) may move again: every split keeps layers off rank 3
-    splits = [[int(n) for n in layers.split(",")] for _, layers in moves]
-    assert int(moves[0][0]) == step, moves
-    for chosen in splits:
-        assert sum(chosen) == 16 and chosen[3] < 4 and chosen[3] == min(chosen), splits
+    # a loaded host's noise in the baseline steps (2-3, before the straggler starts at step 4) can
+    # move layers at step 3, from the measured stage times; the straggler's first move comes at its
+    # first detection, and with repartition_after = 0 a re-read speed after it (the relaunched
+    # ranks' first steps) may move again: every split from then on keeps layers off rank 3
+    baseline = [m for m in moves if m[0] < 4]
+    assert [after for after, _ in baseline] in ([], [3]), moves
+    detected = moves[len(baseline) :]
+    assert detected and detected[0][0] == step, moves
+    for _, chosen in detected:
+        assert sum(chosen) == 16 and chosen[3] < 4 and chosen[3] == min(chosen), moves
+    for _, chosen in moves:
         assert f"layers per stage {chosen} would plan" in out
     assert f"Training starts at step {step + 1}" in out and "from before the relaunch" in out
     # the price the first move was bought at counts the checkpoint and the end of the run; the
@@ -89,7 +97,8 @@ def test_synthetic_straggler_is_detected_replanned_and_moved(tmp_path, no_leftov
     assert estimated is not None and measured is not None, result.tail(60)
     assert measured.group(2) == estimated.group(1)
     split = {s: result.scalars(f"morph/partition/stage{s}") for s in range(4)}
-    assert [split[s][step] for s in range(4)] == [4.0] * 4 and [split[s][8] for s in range(4)] == splits[-1]
+    held = baseline[-1][1] if baseline else [4] * 4  # the split the straggler found
+    assert [split[s][step] for s in range(4)] == held and [split[s][8] for s in range(4)] == moves[-1][1]
     assert result.scalars("morph/repartitions")[8] == len(moves) and result.scalars("morph/slow_rank/rank3")[8] == 1.0
     assert sorted(result.losses()) == list(range(1, 9))
     no_leftovers(tmp_path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from titan_morph.monitor.adapt import Monitor, host_gaps_ms
-from titan_morph.monitor.delays import estimate_links
+from titan_morph.monitor.delays import LinkEstimate, estimate_links
 from titan_morph.monitor.detect import LinkState
 from titan_morph.monitor.profile import PROBE_PATH, MessageStamp, StepProfile
 from titan_morph.monitor.rate_probes import RateProbes
@@ -108,6 +108,36 @@ def test_a_train_that_was_there_before_its_waits_measures_nothing() -> None:
     assert est.bounds == [] and sorted(set(est.exact)) == [28.0]  # nor a delay sample of the pipeline
 
 
+def test_a_link_whose_tail_queues_asks_for_a_probe_below_the_floor() -> None:
+    """A rate limit the pace absorbs shows in the messages sent back to back (the end of a step),
+    long before it moves the median: those are wanted; one host hiccup among them is not."""
+    book = RateProbes(1)
+    queued = LinkEstimate(0, exact=[8.5] * 17 + [19.0, 33.0, 44.0])  # the last three queued behind each other
+    hiccup = LinkEstimate(0, exact=[1.5] * 19 + [40.0])
+    assert queued.delay_ms is not None and queued.delay_ms < 10.0
+    assert book.due(1, [queued], [LinkState()], 10.0) == (0,)
+    assert book.due(1, [hiccup], [LinkState()], 10.0) == ()
+
+
+def test_a_probe_that_measured_no_rate_is_tried_again_ever_more_rarely() -> None:
+    book = RateProbes(1, every_steps=20)
+    congested, due_at, last = [LinkState(over=1)], [], None
+    for step in range(1, 60):
+        profiles = _spaced(step, {"fwd": 28.0, "bwd": 28.0})
+        if last == step - 1:  # the train runs between steps and is seen in the next exchange
+            # no rate until step 36's train: a latency-only train (all three arrive together)
+            profiles = _probe(profiles, latency=30.0, tau=TAU if step >= 36 else 0.0)
+        (est,) = estimate_links(profiles, 2)
+        book.take(step, [est])
+        if book.due(step, [est], congested, 50.0) == (0,):
+            due_at.append(step)
+            last = step
+    # trains seen at steps 2, 5, 10 and 19 measured nothing: tried again 2, 4, 8 and 16 steps later;
+    # the one seen at step 36 measured the rate, held for every_steps
+    assert due_at == [1, 4, 9, 18, 35, 56], due_at
+    assert book.held[0] is not None and book.misses == [0]
+
+
 def test_the_monitors_link_model_is_the_simulator_under_its_estimates() -> None:
     model = CostModel.uniform(2, 6, 10.0, 10.0, 10.0)
     plan = build("zbh2", model)
@@ -162,3 +192,24 @@ def test_a_held_rate_tells_a_bursts_queue_from_latency_where_its_gaps_give_no_ra
     book = RateProbes(1)
     book.take(1, [known])
     assert book.due(1, [known], [LinkState(slow=True)], 5.0) == (0,)  # an assumed rate is no measurement
+
+
+def test_a_queue_slower_than_the_probes_rate_is_the_wire_loaded_and_still_probed() -> None:
+    """The pipeline's own messages queued back to back and arrived 30 ms apart: a rate, but the wire
+    loaded (the other direction's traffic, the protocol's round trips), so a probe is still asked
+    for; at the probe's 27 ms the link reads the probe's rate and plans with the 30 ms it met."""
+    out = [StepProfile(s, 1, 0.0, 1000.0) for s in range(2)]
+    for seq in range(6):
+        key = ("torch", 0, "fwd", seq)
+        out[0].messages.append(MessageStamp("send", *key, 0.0, nbytes=SIZE))
+        out[1].messages.append(MessageStamp("recv", *key, float("nan"), 0.0, 1.0 + 30.0 * (seq + 1), SIZE))
+    (alone,) = estimate_links(out, 2)
+    assert alone.transmit_ms == pytest.approx(30.0)  # the gaps alone give the loaded rate
+    book = RateProbes(1)
+    book.take(1, [alone])
+    assert book.due(1, [alone], [LinkState(slow=True)], 5.0) == (0,)  # measured by the pipeline: still probed
+    (known,) = estimate_links(out, 2, per_byte_ms=[TAU / SIZE])
+    wire = known.wires[("torch", "fwd")]
+    assert wire.assumed_rate and wire.transmit_ms == pytest.approx(TAU)
+    assert wire.loaded_transmit_ms == pytest.approx(30.0)
+    assert known.bandwidth_mbps == pytest.approx(SIZE * 8 / (TAU * 1e3))

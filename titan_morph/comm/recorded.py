@@ -39,37 +39,23 @@ __all__ = ["PROBE_MESSAGES", "ProbeTimes", "RecordedTransport", "probe_train"]
 
 
 class _Handle:
-    """One message's inner works; the first wait stamps ``waited``, the first that returns ``completed``."""
+    """One message's inner works; the first wait stamps ``waited``, the first that returns
+    ``completed`` (``settle`` waits for them without stamps: :class:`~titan_morph.comm.transport.Settles`)."""
 
-    __slots__ = ("owner", "ops", "record", "works")
+    __slots__ = ("owner", "ops", "record", "works", "settled")
     due_s = None
 
     def __init__(
         self, owner: RecordedTransport, ops: list[dist.P2POp], record: MessageRecord, works: list[Handle]
     ) -> None:
         self.owner, self.ops, self.record, self.works = owner, ops, record, works
+        self.settled = False  # the inner works were waited (gloo's point-to-point works take one wait)
 
     def wait(self, timeout: float | None = None) -> bool:
         rec = self.record
         if rec.waited is None:
             rec.waited = self.owner.now_ms()
-        t0 = time.monotonic()
-        deadline = None if timeout is None else t0 + timeout
-        try:
-            for w in self.works:
-                w.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        except Exception as e:
-            rec.status = "error"
-            if type(e).__module__.startswith("titan_morph"):
-                raise  # named already (a per-link group's error: the failover acts on its type)
-            # torch's own error (a gloo timeout, a closed pair) names neither rank nor link
-            op = "send to" if rec.side == "send" else "receive from"
-            cause = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
-            kind = CommTimeoutError if "timed out" in cause.lower() else RuntimeError
-            raise kind(
-                f"{self.owner.where()}: {op} stage {rec.peer_stage} on link {rec.link} ({rec.direction}), message "
-                f"{rec.seq} of step {rec.step}, failed after {time.monotonic() - t0:.3g} s: {cause}"
-            ) from e
+        self.settle(timeout)
         on_device = self.device_ops()
         if on_device and rec.completed is None:  # NCCL: completed once the device ran them (stamped by the watch)
             left = [len(on_device)]
@@ -89,8 +75,34 @@ class _Handle:
             rec.status = "done"
         return True
 
+    def settle(self, timeout: float | None = None) -> None:
+        """Wait for the inner works once (at most ``timeout`` s) without stamping: a gloo send or
+        receive work consumes its completion in its first wait, a second one blocks to its bound. A
+        failure of torch's own is named with this rank, the link and the message."""
+        if self.settled:
+            return
+        rec = self.record
+        t0 = time.monotonic()
+        deadline = None if timeout is None else t0 + timeout
+        try:
+            for w in self.works:
+                w.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            self.settled = True
+        except Exception as e:
+            rec.status = "error"
+            if type(e).__module__.startswith("titan_morph"):
+                raise  # named already (a per-link group's error: the failover acts on its type)
+            # torch's own error (a gloo timeout, a closed pair) names neither rank nor link
+            op = "send to" if rec.side == "send" else "receive from"
+            cause = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+            kind = CommTimeoutError if "timed out" in cause.lower() else RuntimeError
+            raise kind(
+                f"{self.owner.where()}: {op} stage {rec.peer_stage} on link {rec.link} ({rec.direction}), message "
+                f"{rec.seq} of step {rec.step}, failed after {time.monotonic() - t0:.3g} s: {cause}"
+            ) from e
+
     def is_completed(self) -> bool:
-        return self.record.completed is not None
+        return self.record.completed is not None or self.settled
 
     def device_ops(self) -> list[DeviceOp]:
         return [op for w in self.works if isinstance(w, DeviceOrdered) for op in w.device_ops()]

@@ -151,6 +151,17 @@ class RateProbeable(Protocol):
 
 
 @runtime_checkable
+class Settles(Protocol):
+    """A handle whose operations a helper thread can wait for ahead of the consumer: ``settle`` ends
+    when they completed (or raises their failure) and stamps nothing, so the consumer's own ``wait``
+    still records when it began waiting and when it saw the data."""
+
+    def settle(self, timeout: float) -> None:
+        """Block until the operations completed, at most ``timeout`` s (their error if they failed)."""
+        ...
+
+
+@runtime_checkable
 class DeviceOrdered(Protocol):
     """A handle whose ``wait`` may return before its operations ran: on NCCL it orders the current
     stream after them (:mod:`titan_morph.comm.waits`). A path that stamps deliveries, or re-issues

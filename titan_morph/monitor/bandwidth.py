@@ -22,7 +22,12 @@ median of ``a_k - s_k - tau_k``. Gaps that equal the send gap (a latency change 
 or vanish (a FIFO delay-only link releasing a message held behind a slower one) are not
 transmit samples, and the fit is kept only if it is physical (no message faster than its own
 transmit time) and predicts most of the step's arrivals: a latency that wanders within a step
-is not mistaken for a rate. Transmit times within a few jitter floors are measured coarsely.
+is not mistaken for a rate. A message that found the wire idle may beat its transmit time by a
+shaper's burst (a token bucket lets its first bytes through at line rate: 1.75 ms of 34 ms at
+12 Mbit/s on the lab), so "faster than its transmit time" means by more than :data:`BURST_BYTES`
+at the fitted rate; gaps widened by the other direction's traffic fail the test (an idle message
+crossed faster than they allow), and the link's rate comes from a probe instead.
+Transmit times within a few jitter floors are measured coarsely.
 When no message queued the rate is not identifiable: the estimate says so
 (``bandwidth_mbps = None``) and gives only the lower bound every message proves
 (``tau_k <= a_k - s_k``). Pure Python, a function of its arguments only: every rank that feeds the
@@ -42,6 +47,9 @@ INLIER_SPREAD = 0.2  # a transmit sample agrees with the median within 20 % (or 
 EXPLAINED = 0.75  # the share of a step's messages the fitted wire must predict
 MAX_SPAN = 8  # transmit samples pair arrivals at most this many messages apart
 LOADED_CAP = 3.0  # a queued gap beyond this many transmit times at the known rate is a stall, not the wire
+BURST_BYTES = 8192
+"""What a shaper lets through at line rate onto an idle wire (its bucket): a message may beat its
+transmit time by this many bytes' worth (htb's default bucket at these rates is about two frames)."""
 
 
 def mbps(nbytes: float, transmit_ms: float) -> float:
@@ -180,14 +188,20 @@ def _explains(
 
 
 def estimate_wire(
-    timings: Iterable[WireTiming], floor_ms: float = 1.0, per_byte_ms: float | None = None
+    timings: Iterable[WireTiming],
+    floor_ms: float = 1.0,
+    per_byte_ms: float | None = None,
+    min_transmit_ms: float = 0.0,
 ) -> WireEstimate:
     """Latency and transmit time of one link direction from one step's messages (module docstring).
 
     ``floor_ms`` is the jitter floor: waits and gaps within it are noise. Messages whose arrival is
     unknown are left out (and break the chain: the next one has no known predecessor).
-    ``per_byte_ms``: the link's rate measured otherwise (a probe train's), used when these messages
-    do not give one: it still tells queueing from latency (:func:`_at_known_rate`).
+    ``per_byte_ms``: the link's rate measured otherwise (a probe train's, on the idle wire between
+    steps), used when these messages do not give a faster one: it tells queueing from latency, and
+    slower gaps are the wire loaded by the other direction's traffic (:func:`_at_known_rate`).
+    ``min_transmit_ms``: a fitted transmit time per message below it is no rate (on a fast link a
+    probe train's arrivals are spaced by the receiver's own handling, a millisecond or so).
     """
     if not floor_ms >= 0:
         raise ValueError(f"floor_ms must be >= 0 ms, got {floor_ms}")
@@ -217,11 +231,16 @@ def estimate_wire(
     unidentified = WireEstimate(len(msgs), 0, statistics.median(costs), None, None, floor_bw, costs, (), typical)
     if per_byte_ms is not None and sized:
         unidentified = _at_known_rate(msgs, per_byte_ms, floor_ms, unidentified)
-    if not queued:
+    if not queued or per_unit * statistics.median(units) < min_transmit_ms:
         return unidentified
-    if min(m.arrived - m.sent - per_unit * u for m, u in zip(msgs, units, strict=True)) < -floor_ms:
-        return unidentified  # a message arrived sooner than its own transmit time: the gaps are no rate
+    burst = per_unit * BURST_BYTES if sized else 0.0
+    if min(m.arrived - m.sent - per_unit * u for m, u in zip(msgs, units, strict=True)) < -max(floor_ms, burst):
+        return unidentified  # a message arrived well before its own transmit time: the gaps are no rate
     if not _explains(msgs, units, per_unit, latency, floor_ms):
+        return unidentified
+    if unidentified.assumed_rate and per_unit > (1.0 - INLIER_SPREAD) * (per_byte_ms or 0.0):
+        # not faster than the probe's rate: the gaps are the wire loaded by the reverse direction's
+        # traffic (its acknowledgements share this queue), which the known rate reads as such
         return unidentified
     # Queued, by the fitted wire: accepted while the predecessor was still on it (the samples
     # above, and those whose gap the send gap also explained)

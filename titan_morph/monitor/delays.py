@@ -36,6 +36,11 @@ from titan_morph.monitor.profile import PROBE_PATH, MessageStamp, StepProfile
 
 __all__ = ["LinkEstimate", "estimate_links", "quantile"]
 
+PROBE_MIN_FLOORS = 3.0
+"""A probe train names a rate only when each message takes more than this many jitter floors on
+the wire: below that its arrival gaps are the receiver's handling (an unlimited link read 314 Mbit/s
+from 1.25 ms gaps between 48 KiB messages), and no plan depends on so short a transmit time."""
+
 
 @dataclass
 class LinkEstimate:
@@ -160,7 +165,8 @@ def estimate_links(
     go through :func:`~titan_morph.monitor.bandwidth.estimate_wire` (``jitter_ms``: its jitter
     floor) per (path, direction): queued messages leave the delay samples for the transmit time.
     ``per_byte_ms``: per link, the rate a probe measured before (None: none), which tells queueing
-    from latency where the step's messages do not measure a rate; a train in this step replaces it."""
+    from latency where the step's messages do not measure a rate; a train in this step replaces it
+    (when its transmit time is above :data:`PROBE_MIN_FLOORS` jitter floors)."""
     sends: dict[tuple[str, int, str, int], MessageStamp] = {}
     recvs: list[MessageStamp] = []
     for prof in profiles:
@@ -188,7 +194,7 @@ def estimate_links(
     probes_first = sorted(wires.items(), key=lambda kv: (kv[0][1] != PROBE_PATH, kv[0]))
     for (link, path, direction), timings in probes_first:
         if path == PROBE_PATH:
-            est = estimate_wire(timings, jitter_ms)
+            est = estimate_wire(timings, jitter_ms, min_transmit_ms=PROBE_MIN_FLOORS * jitter_ms)
             if est.per_byte_ms is not None:  # this step's train: the link's rate from now on
                 known[link] = max(est.per_byte_ms, known[link] or 0.0)
         else:

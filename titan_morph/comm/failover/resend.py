@@ -22,7 +22,7 @@ from titan_morph.comm.failover.router import PATH_ERRORS, PRIMARY, Router
 from titan_morph.comm.failover.stall import StallWatch
 from titan_morph.comm.pairs import LinkFailedError
 from titan_morph.comm.records import CommTimeoutError, MessageRecord
-from titan_morph.comm.transport import DeviceOrdered, Handle
+from titan_morph.comm.transport import DeviceOrdered, Handle, Settles
 
 __all__ = ["DefaultPathWaits", "Message", "Recv", "Resender"]
 
@@ -55,6 +55,9 @@ class Message:
 
     def carry(self, handles: list[Handle], path: str, gen: int, first: int = -1) -> None:
         self.inner, self.path, self.gen, self.first = handles, path, gen, first
+        waits = self.owner.waits
+        if waits is not None and path == PRIMARY and all(isinstance(h, Settles) for h in handles):
+            waits.submit(self, handles, gen)  # settled ahead of the consumer, who stamps its own wait
         self.issued.set()
 
     def is_completed(self) -> bool:
@@ -151,15 +154,20 @@ class _Job:
 
 class DefaultPathWaits:
     """Waits on the default path's messages off the training thread: a waiter thread per
-    (link, direction) and path generation, in the order they are waited.
+    (link, direction) and path generation settles them in the order they were issued.
 
     gloo fails the operations of a pair torn down under it that had not started moving bytes, not
     one it was writing or reading then: that one ends only at its bound, and a shorter timed wait
     would close a healthy pair. So the training thread waits for the waiter's verdict or for the
     link's move, whichever comes first; after a move the new path carries the message again.
     (NCCL's waits are stream-ordered on the caller's stream and its abort ends them: they stay on
-    the training thread.) A step makes hundreds of these waits: each hands over through C-level
-    primitives (a queue to its waiter, a lock back) and wakes only its own two threads.
+    the training thread.) A step makes hundreds of these waits, so the waiter starts on a message
+    when it is issued (:meth:`submit`), not when it is waited: by then most have settled and the
+    training thread takes their verdict without blocking, or blocks for one wake-up. The waiter
+    stamps nothing (:class:`~titan_morph.comm.transport.Settles`): the consumer's own wait, which
+    returns at once after the verdict, records when it waited and saw the data. Handles that cannot
+    settle without stamping (the link emulator's) are handed to the waiter when the consumer waits,
+    and the waiter's wait is theirs (a gloo send or receive work takes exactly one wait).
     """
 
     def __init__(self, router: Router) -> None:
@@ -177,33 +185,38 @@ class DefaultPathWaits:
                     job.wake()
                 self._queues[(key, gen)].put(None)
 
+    def submit(self, msg: Message, handles: list[Handle], gen: int) -> None:
+        """Have ``msg``'s waiter settle ``handles`` (just issued on the default path as of ``gen``),
+        within the bound of the step."""
+        router, key = self.router, msg.key
+        with router.lock:
+            if router.gen[key[0]] != gen or router.closed:
+                return
+            job = msg.job = _Job(handles, time.monotonic() + router.timeout_s)
+            jobs = self._queues.get((key, gen))
+            if jobs is None:
+                jobs = self._queues[(key, gen)] = queue.SimpleQueue()
+                self._pending[(key, gen)] = set()
+                router.thread(lambda: self._waiter(key, gen), f"titan_morph-wait-{key[0]}{key[1]}")
+            self._pending[(key, gen)].add(job)
+            jobs.put(job)
+
     def wait(self, msg: Message, handles: list[Handle], gen: int, deadline: float) -> bool:
         """Wait ``handles`` (``msg`` on the default path as of ``gen``): True once they completed,
         False when the link moved first; their error when they failed."""
         router, key = self.router, msg.key
         link = key[0]
-        job = _Job(handles, deadline)
         with router.lock:
             if router.gen[link] != gen:
                 return False
-            msg.job = job
-            jobs = self._queues.get((key, gen))
-            if jobs is None:
-                jobs = self._queues[(key, gen)] = queue.SimpleQueue()
-                self._pending[(key, gen)] = set()
-                router.thread(lambda: self._waiter(key, gen), f"titan_morph-wait-{link}{key[1]}")
-            self._pending[(key, gen)].add(job)
-            jobs.put(job)
+            job = msg.job if msg.job is not None and msg.job.handles is handles else None
+        if job is None:  # not submitted at issue (the link moved meanwhile): now
+            self.submit(msg, handles, gen)
+            with router.lock:
+                job = msg.job if msg.job is not None and msg.job.handles is handles else None
+            if job is None:
+                return False  # moved (or closed) meanwhile: the caller looks again
         while True:
-            # the waiter's own wait ends at the deadline; the margin lets its verdict arrive
-            left = deadline + 1.0 - time.monotonic()
-            if left <= 0:
-                what = "receive" if isinstance(msg, Recv) else "send"
-                raise CommTimeoutError(
-                    f"{router.where()}: {what} of step {msg.step} on link {link} ({key[1]}) did not "
-                    "complete on the default path within its bound"
-                )
-            job.signal.acquire(timeout=left)
             with router.lock:
                 if job.done:
                     break
@@ -213,8 +226,20 @@ class DefaultPathWaits:
                     raise CommTimeoutError(
                         f"{router.where()}: link {link} ({key[1]}): the transport closed during a wait"
                     )
+            # the waiter's own wait ends at its deadline; the margin lets its verdict arrive
+            left = min(deadline, job.deadline) + 1.0 - time.monotonic()
+            if left <= 0:
+                what = "receive" if isinstance(msg, Recv) else "send"
+                raise CommTimeoutError(
+                    f"{router.where()}: {what} of step {msg.step} on link {link} ({key[1]}) did not "
+                    "complete on the default path within its bound"
+                )
+            job.signal.acquire(timeout=left)
         if job.error is not None:
             raise job.error
+        for h in handles:  # settled: the consumer's stamps, at once (the waiter waited the others)
+            if isinstance(h, Settles):
+                h.wait(max(1e-3, deadline - time.monotonic()))
         return True
 
     def _waiter(self, key: tuple[int, str], gen: int) -> None:
@@ -235,7 +260,11 @@ class DefaultPathWaits:
                     continue
             try:
                 for h in job.handles:
-                    h.wait(max(1e-3, job.deadline - time.monotonic()))
+                    left = max(1e-3, job.deadline - time.monotonic())
+                    if isinstance(h, Settles):
+                        h.settle(left)
+                    else:
+                        h.wait(left)
             except BaseException as e:  # handed to the training thread, which decides
                 job.error = e
             with router.lock:
