@@ -185,13 +185,13 @@ class DefaultPathWaits:
                     job.wake()
                 self._queues[(key, gen)].put(None)
 
-    def submit(self, msg: Message, handles: list[Handle], gen: int) -> None:
-        """Have ``msg``'s waiter settle ``handles`` (just issued on the default path as of ``gen``),
-        within the bound of the step."""
+    def submit(self, msg: Message, handles: list[Handle], gen: int) -> _Job | None:
+        """Have ``msg``'s waiter settle ``handles`` (on the default path as of ``gen``), within the
+        bound of the step: its job, or None when the link moved or the transport closed first."""
         router, key = self.router, msg.key
         with router.lock:
             if router.gen[key[0]] != gen or router.closed:
-                return
+                return None
             job = msg.job = _Job(handles, time.monotonic() + router.timeout_s)
             jobs = self._queues.get((key, gen))
             if jobs is None:
@@ -200,6 +200,7 @@ class DefaultPathWaits:
                 router.thread(lambda: self._waiter(key, gen), f"titan_morph-wait-{key[0]}{key[1]}")
             self._pending[(key, gen)].add(job)
             jobs.put(job)
+            return job
 
     def wait(self, msg: Message, handles: list[Handle], gen: int, deadline: float) -> bool:
         """Wait ``handles`` (``msg`` on the default path as of ``gen``): True once they completed,
@@ -210,10 +211,8 @@ class DefaultPathWaits:
             if router.gen[link] != gen:
                 return False
             job = msg.job if msg.job is not None and msg.job.handles is handles else None
-        if job is None:  # not submitted at issue (the link moved meanwhile): now
-            self.submit(msg, handles, gen)
-            with router.lock:
-                job = msg.job if msg.job is not None and msg.job.handles is handles else None
+        if job is None:  # not submitted at issue (handles that cannot settle, or a move meanwhile): now
+            job = self.submit(msg, handles, gen)
             if job is None:
                 return False  # moved (or closed) meanwhile: the caller looks again
         while True:
